@@ -1,0 +1,310 @@
+"""Loading a Hugging Face model directory into a Model, and making random or saved models for tests.
+
+A directory as the hub serves it: config.json; model.safetensors or shards + model.safetensors.index.json;
+tokenizer.json, generation_config.json, tokenizer_config.json when present. Every checkpoint tensor name
+is mapped once, here, into the plain per-layer dicts model.py takes, and every shape is checked against
+the config before any tensor data is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backend import get_backend, to_host
+from .config import ModelConfig, read_config, read_json
+from .errors import MinispecError
+from .model import Model
+from .safetensors import Checkpoint, save_file
+from .tokenizer import Tokenizer
+
+# tensors some checkpoints carry that are buffers, not weights (recomputed or implied)
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
+
+
+def _dims(c: ModelConfig) -> tuple[int, int, int, int, int, int, int]:
+    return (c.vocab_size, c.hidden_size, c.n_heads, c.n_kv_heads, c.head_dim,
+            c.intermediate_size, c.max_position_embeddings)
+
+
+def hf_shapes(c: ModelConfig, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this config must hold, with its shape as stored by Hugging Face.
+
+    prefix: only for gpt2, "transformer." (what transformers writes) or "" (the original gpt2 files).
+    """
+    v, d, h, k, e, f, p = _dims(c)
+    s: dict[str, tuple[int, ...]] = {}
+    if c.family == "gpt2":
+        s[f"{prefix}wte.weight"] = (v, d)
+        s[f"{prefix}wpe.weight"] = (p, d)
+        for i in range(c.n_layers):
+            b = f"{prefix}h.{i}."
+            s.update({
+                b + "ln_1.weight": (d,), b + "ln_1.bias": (d,),
+                b + "attn.c_attn.weight": (d, 3 * d), b + "attn.c_attn.bias": (3 * d,),
+                b + "attn.c_proj.weight": (d, d), b + "attn.c_proj.bias": (d,),
+                b + "ln_2.weight": (d,), b + "ln_2.bias": (d,),
+                b + "mlp.c_fc.weight": (d, f), b + "mlp.c_fc.bias": (f,),
+                b + "mlp.c_proj.weight": (f, d), b + "mlp.c_proj.bias": (d,),
+            })
+        s[f"{prefix}ln_f.weight"] = (d,)
+        s[f"{prefix}ln_f.bias"] = (d,)
+    else:
+        s["model.embed_tokens.weight"] = (v, d)
+        for i in range(c.n_layers):
+            b = f"model.layers.{i}."
+            s[b + "input_layernorm.weight"] = (d,)
+            s[b + "self_attn.q_proj.weight"] = (h * e, d)
+            s[b + "self_attn.k_proj.weight"] = (k * e, d)
+            s[b + "self_attn.v_proj.weight"] = (k * e, d)
+            s[b + "self_attn.o_proj.weight"] = (d, h * e)
+            if c.attention_bias:
+                s[b + "self_attn.q_proj.bias"] = (h * e,)
+                s[b + "self_attn.k_proj.bias"] = (k * e,)
+                s[b + "self_attn.v_proj.bias"] = (k * e,)
+                if c.family == "llama":  # transformers' Llama puts the bias on o_proj too
+                    s[b + "self_attn.o_proj.bias"] = (d,)
+            s[b + "post_attention_layernorm.weight"] = (d,)
+            s[b + "mlp.gate_proj.weight"] = (f, d)
+            s[b + "mlp.up_proj.weight"] = (f, d)
+            s[b + "mlp.down_proj.weight"] = (d, f)
+        s["model.norm.weight"] = (d,)
+    if not c.tie_word_embeddings:
+        s["lm_head.weight"] = (v, d)
+    return s
+
+
+def _gpt2_prefix(names) -> str:
+    return "transformer." if "transformer.wte.weight" in names else ""
+
+
+def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix: str = ""):
+    """The weight dicts model.py takes, from HF-named tensors. get(name) -> host array (HF layout);
+    put(host array) -> contiguous device array in the compute dtype."""
+    layers = []
+    if c.family == "gpt2":
+        for i in range(c.n_layers):
+            b = f"{prefix}h.{i}."
+            layers.append({  # GPT-2's Conv1D already stores [in, out]
+                "attn_norm_w": put(get(b + "ln_1.weight")), "attn_norm_b": put(get(b + "ln_1.bias")),
+                "wqkv": put(get(b + "attn.c_attn.weight")), "bqkv": put(get(b + "attn.c_attn.bias")),
+                "wo": put(get(b + "attn.c_proj.weight")), "bo": put(get(b + "attn.c_proj.bias")),
+                "mlp_norm_w": put(get(b + "ln_2.weight")), "mlp_norm_b": put(get(b + "ln_2.bias")),
+                "w_gate": None,
+                "w_up": put(get(b + "mlp.c_fc.weight")), "b_up": put(get(b + "mlp.c_fc.bias")),
+                "w_down": put(get(b + "mlp.c_proj.weight")),
+                "b_down": put(get(b + "mlp.c_proj.bias")),
+            })
+        top = {"embed": put(get(f"{prefix}wte.weight")), "pos_embed": put(get(f"{prefix}wpe.weight")),
+               "norm_w": put(get(f"{prefix}ln_f.weight")), "norm_b": put(get(f"{prefix}ln_f.bias"))}
+    else:
+        for i in range(c.n_layers):
+            b = f"model.layers.{i}."
+            a = b + "self_attn."
+            # q, k, v fused into one [D, (H+2K)E] matrix: one matmul instead of three
+            wqkv = np.concatenate([get(a + n + "_proj.weight").T for n in "qkv"], axis=1)
+            bqkv = (np.concatenate([get(a + n + "_proj.bias") for n in "qkv"])
+                    if c.attention_bias else None)
+            bo = a + "o_proj.bias"
+            layers.append({
+                "attn_norm_w": put(get(b + "input_layernorm.weight")), "attn_norm_b": None,
+                "wqkv": put(wqkv), "bqkv": None if bqkv is None else put(bqkv),
+                "wo": put(get(a + "o_proj.weight").T),
+                "bo": put(get(bo)) if c.attention_bias and c.family == "llama" else None,
+                "mlp_norm_w": put(get(b + "post_attention_layernorm.weight")), "mlp_norm_b": None,
+                "w_gate": put(get(b + "mlp.gate_proj.weight").T),
+                "w_up": put(get(b + "mlp.up_proj.weight").T), "b_up": None,
+                "w_down": put(get(b + "mlp.down_proj.weight").T), "b_down": None,
+            })
+        top = {"embed": put(get("model.embed_tokens.weight")), "pos_embed": None,
+               "norm_w": put(get("model.norm.weight")), "norm_b": None}
+    # a tied head is a transposed view of the embedding (no copy; BLAS reads it transposed)
+    top["lm_head"] = top["embed"].T if c.tie_word_embeddings else put(get("lm_head.weight").T)
+    top["layers"] = layers
+    return top
+
+
+def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
+    """The inverse of _build_weights: HF-named float32 host arrays (gpt2 with the transformer. prefix)."""
+    c, w = model.config, model.weights
+
+    def h(a) -> np.ndarray:
+        return np.ascontiguousarray(to_host(a), dtype=np.float32)
+
+    out: dict[str, np.ndarray] = {}
+    if c.family == "gpt2":
+        p = "transformer."
+        out[p + "wte.weight"], out[p + "wpe.weight"] = h(w["embed"]), h(w["pos_embed"])
+        names = {"attn_norm_w": "ln_1.weight", "attn_norm_b": "ln_1.bias",
+                 "wqkv": "attn.c_attn.weight", "bqkv": "attn.c_attn.bias",
+                 "wo": "attn.c_proj.weight", "bo": "attn.c_proj.bias",
+                 "mlp_norm_w": "ln_2.weight", "mlp_norm_b": "ln_2.bias",
+                 "w_up": "mlp.c_fc.weight", "b_up": "mlp.c_fc.bias",
+                 "w_down": "mlp.c_proj.weight", "b_down": "mlp.c_proj.bias"}
+        for i, layer in enumerate(w["layers"]):
+            for key, name in names.items():
+                out[f"{p}h.{i}.{name}"] = h(layer[key])
+        out[p + "ln_f.weight"], out[p + "ln_f.bias"] = h(w["norm_w"]), h(w["norm_b"])
+    else:
+        he, ke = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        out["model.embed_tokens.weight"] = h(w["embed"])
+        for i, layer in enumerate(w["layers"]):
+            b, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+            out[b + "input_layernorm.weight"] = h(layer["attn_norm_w"])
+            wqkv = h(layer["wqkv"])
+            for n, cols in zip("qkv", (slice(0, he), slice(he, he + ke), slice(he + ke, None))):
+                out[a + n + "_proj.weight"] = h(wqkv[:, cols].T)
+                if layer["bqkv"] is not None:
+                    out[a + n + "_proj.bias"] = h(h(layer["bqkv"])[cols])
+            out[a + "o_proj.weight"] = h(h(layer["wo"]).T)
+            if layer["bo"] is not None:
+                out[a + "o_proj.bias"] = h(layer["bo"])
+            out[b + "post_attention_layernorm.weight"] = h(layer["mlp_norm_w"])
+            for n, key in (("gate", "w_gate"), ("up", "w_up"), ("down", "w_down")):
+                out[b + f"mlp.{n}_proj.weight"] = h(h(layer[key]).T)
+        out["model.norm.weight"] = h(w["norm_w"])
+    if not c.tie_word_embeddings:
+        out["lm_head.weight"] = h(h(w["lm_head"]).T)
+    return out
+
+
+def _compute_dtype(dtype, device: str) -> np.dtype:
+    if dtype is None:
+        return np.dtype(np.float32)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise MinispecError(f"dtype: expected None, 'float32' or 'float16', got {dtype!r} "
+                            f"(bfloat16 weights are converted; compute in float32 or float16)")
+    return dt
+
+
+def _putter(xp, dtype: np.dtype):
+    def put(a: np.ndarray):
+        return xp.asarray(np.ascontiguousarray(a, dtype=dtype))
+    return put
+
+
+def _describe(c: ModelConfig) -> str:
+    return (f"vocab_size={c.vocab_size}, hidden_size={c.hidden_size}, n_heads={c.n_heads}, "
+            f"n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim}, "
+            f"intermediate_size={c.intermediate_size}, tie_word_embeddings={c.tie_word_embeddings}")
+
+
+def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
+    """Load a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]) -> Model.
+
+    dtype: compute dtype, None -> float32 ("float16" is meant for the GPU). device: "auto" | "cpu" |
+    "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise MinispecError(f"{path}: not a model directory (expected config.json and "
+                            f"model.safetensors in it)")
+    xp, dev = get_backend(device)
+    dt = _compute_dtype(dtype, dev)
+    config = read_config(path / "config.json")
+    ckpt = Checkpoint(path)
+    prefix = _gpt2_prefix(ckpt.keys()) if config.family == "gpt2" else ""
+    for name, shape in hf_shapes(config, prefix).items():  # shapes checked before any data is read
+        if name not in ckpt:
+            raise MinispecError(f"{path}: tensor {name!r} is missing from the checkpoint (expected "
+                                f"shape {list(shape)} for {config.family}: {_describe(config)})")
+        if ckpt.shape(name) != shape:
+            raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} has shape "
+                                f"{list(ckpt.shape(name))}, expected {list(shape)} from config.json "
+                                f"({_describe(config)})")
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        tokenizer = Tokenizer.from_file(path / "tokenizer.json")
+    config = _special_tokens(config, path, tokenizer)
+    weights = _build_weights(config, ckpt.get, _putter(xp, dt), prefix)
+    return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
+                 name=path.resolve().name)
+
+
+def _token_ids_from(doc: dict, key: str, where: str) -> tuple[int, ...] | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise MinispecError(f"{where}: field {key!r} should be a token id or a list of them, got "
+                            f"{value!r}")
+    return tuple(values)
+
+
+def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> ModelConfig:
+    """BOS/EOS from config.json, overridden by generation_config.json, else tokenizer_config.json."""
+    bos = (config.bos_token_id,) if config.bos_token_id is not None else None
+    eos = config.eos_token_ids or None
+    gen_path = path / "generation_config.json"
+    if gen_path.exists():
+        gen = read_json(gen_path)
+        if isinstance(gen, dict):
+            bos = _token_ids_from(gen, "bos_token_id", str(gen_path)) or bos
+            eos = _token_ids_from(gen, "eos_token_id", str(gen_path)) or eos
+    tc_path = path / "tokenizer_config.json"
+    tc = read_json(tc_path) if tc_path.exists() else {}
+    tc = tc if isinstance(tc, dict) else {}
+    if tok is not None:
+        def token_id(key: str) -> int | None:
+            t = tc.get(key)
+            t = t.get("content") if isinstance(t, dict) else t
+            return tok.token_to_id(t) if isinstance(t, str) else None
+
+        if bos is None and token_id("bos_token") is not None:
+            bos = (token_id("bos_token"),)
+        if eos is None and token_id("eos_token") is not None:
+            eos = (token_id("eos_token"),)
+        # encode() adds BOS exactly when the model's own tokenizer would
+        add_bos = tc.get("add_bos_token")
+        pp_bos = tok.post_processor_bos()
+        if add_bos is False or (add_bos is None and pp_bos is None):
+            tok.bos_id = None
+        else:
+            tok.bos_id = pp_bos if pp_bos is not None else (bos[0] if bos else None)
+        tok.eos_id = eos[0] if eos else None
+    return dataclasses.replace(config, bos_token_id=bos[0] if bos else None,
+                               eos_token_id=eos[0] if eos else None, eos_token_ids=eos or ())
+
+
+def random_model(config: ModelConfig, *, seed: int = 0, device: str = "cpu", dtype=None,
+                 scale: float = 0.02) -> Model:
+    """A model with random normal weights (std `scale`; norm weights 1 + that), deterministic per seed.
+
+    No files, no tokenizer: for tests and benchmarks. Larger scale -> peakier logits.
+    """
+    xp, dev = get_backend(device)
+    dt = _compute_dtype(dtype, dev)
+    rng = np.random.default_rng(seed)
+    prefix = "transformer." if config.family == "gpt2" else ""
+    tensors = {}
+    for name, shape in hf_shapes(config, prefix).items():
+        a = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        if name.endswith("weight") and ("norm" in name or "ln_" in name):
+            a += np.float32(1.0)
+        tensors[name] = a
+    weights = _build_weights(config, tensors.__getitem__, _putter(xp, dt), prefix)
+    return Model(config, weights, xp=xp, device=dev, dtype=dt, name=f"random-{config.family}")
+
+
+def save_checkpoint(model: Model, path: str | Path, *, bf16: bool = False) -> None:
+    """Write config.json + model.safetensors in the Hugging Face layout (float32, or BF16 if bf16).
+
+    load() and transformers' from_pretrained both read the result back.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf: dict[str, Any] = model.config.to_hf()
+    if bf16:
+        hf["torch_dtype"] = "bfloat16"
+    (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+    save_file(_to_hf_tensors(model), path / "model.safetensors", bf16=bf16)

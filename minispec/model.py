@@ -1,0 +1,328 @@
+"""The transformer forward pass as pure functions over `xp` (NumPy or CuPy), and the KV cache.
+
+One decoder-only block serves every family: pre-norm attention and MLP sublayers on a residual stream.
+Llama, Qwen2 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU MLP; GPT-2 uses
+LayerNorm, learned position embeddings and a GELU MLP. Weights arrive as plain dicts already mapped from
+the checkpoint (minispec/loader.py), linear weights stored [in, out] so every projection is `x @ w`.
+
+Shapes, one notation throughout:
+  T new tokens, S cached+new positions, D model width, H query heads, K key/value heads, G = H/K query
+  heads per kv head, E head dim, F ffn width, V vocab, L layers.
+
+The KV cache is preallocated, indexed by position (llama2.c's key_cache + pos): `KVCache.k[l]` is
+[K, S_max, E]; position p of layer l lives at k[l, :, p]. Rolling back rejected draft tokens is setting
+one integer, `length`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .backend import to_host
+from .config import ModelConfig
+from .errors import MinispecError
+
+DEFAULT_MAX_CACHE = 4096  # default cache length cap, so a 128k-context config doesn't take gigabytes
+
+
+# ---------------------------------------------------------------------------------------------------
+# the math: pure functions, parameters in, arrays out
+
+
+def rms_norm(x, w, eps: float):
+    """RMSNorm (Llama): x / rms(x) * w, the statistics in float32."""
+    x32 = x.astype("float32")
+    ms = (x32 * x32).mean(axis=-1, keepdims=True)  # [T, D] -> [T, 1]
+    return (x32 / (ms + eps) ** 0.5).astype(x.dtype) * w
+
+
+def layer_norm(x, w, b, eps: float):
+    """LayerNorm (GPT-2): (x - mean) / std * w + b, the statistics in float32."""
+    x32 = x.astype("float32")
+    mu = x32.mean(axis=-1, keepdims=True)
+    var = ((x32 - mu) ** 2).mean(axis=-1, keepdims=True)
+    return ((x32 - mu) / (var + eps) ** 0.5).astype(x.dtype) * w + b
+
+
+def norm(x, w, b, eps: float):
+    """LayerNorm when there is a bias (GPT-2), RMSNorm otherwise."""
+    return rms_norm(x, w, eps) if b is None else layer_norm(x, w, b, eps)
+
+
+def linear(x, w, b=None):
+    """x @ w (+ b); w is stored [in, out]."""
+    y = x @ w
+    return y if b is None else y + b
+
+
+def silu(xp, x):
+    """x * sigmoid(x), written with tanh so large negative x cannot overflow exp."""
+    return x * (0.5 * (1.0 + xp.tanh(0.5 * x)))
+
+
+def gelu_new(xp, x):
+    """GPT-2's GELU, tanh approximation."""
+    return 0.5 * x * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """The E/2 RoPE inverse frequencies theta^(-2i/E), with linear or Llama 3 scaling (float64)."""
+    e = config.head_dim
+    inv = 1.0 / config.rope_theta ** (np.arange(0, e, 2, dtype=np.float64) / e)
+    rs = config.rope_scaling
+    if rs is None:
+        return inv
+    if rs["rope_type"] == "linear":
+        return inv / rs["factor"]
+    # llama3: long wavelengths are slowed down by `factor`, short ones kept, the band between blended
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    smooth = (old / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    return np.where(wavelen < old / hi, inv, np.where(wavelen > old / lo, inv / factor, blended))
+
+
+def rope_tables(inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of position * frequency for positions 0..n-1: two [n, E/2] float64 host arrays."""
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]  # [n, E/2]
+    return np.cos(angles), np.sin(angles)
+
+
+def rope(xp, x, cos, sin):
+    """Rotate each (x[i], x[i + E/2]) pair by its angle (the HF "rotate_half" layout).
+
+    x [T, N, E]; cos, sin [T, E/2].
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]  # [T, E/2] -> [T, 1, E/2]
+    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def causal_mask(xp, pos: int, t: int, s: int, window: int | None):
+    """[T, S] bool, True where query pos+i may attend key j: j <= pos+i (and pos+i - j < window)."""
+    i = xp.arange(pos, pos + t)[:, None]
+    j = xp.arange(s)[None, :]
+    ok = j <= i
+    if window is not None:
+        ok &= j > i - window
+    return ok
+
+
+def attention(xp, q, k, v, mask):
+    """Softmax(q k^T / sqrt(E)) v with grouped-query heads; the cache is not copied per head.
+
+    q [T, H, E]; k, v [K, S, E]; mask [T, S] bool. Query head h reads kv head h // G.
+    """
+    t, h, e = q.shape
+    kv = k.shape[0]
+    q = q.reshape(t, kv, h // kv, e).transpose(1, 2, 0, 3)  # [T, H, E] -> [K, G, T, E]
+    scores = (q @ k[:, None].swapaxes(-1, -2)).astype("float32")  # -> [K, G, T, S]
+    scores = xp.where(mask, scores * (1.0 / math.sqrt(e)), -xp.inf)
+    scores = xp.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = (scores / scores.sum(axis=-1, keepdims=True)).astype(v.dtype)
+    out = probs @ v[:, None]  # [K, G, T, S] @ [K, 1, S, E] -> [K, G, T, E]
+    return out.transpose(2, 0, 1, 3).reshape(t, h * e)  # -> [T, H*E]
+
+
+def mlp(xp, x, p: dict[str, Any]):
+    """SwiGLU (w_gate present) or GPT-2's GELU MLP. x [T, D] -> [T, F] -> [T, D]."""
+    if p["w_gate"] is not None:
+        hidden = silu(xp, x @ p["w_gate"]) * (x @ p["w_up"])  # [T, D] -> [T, F]
+    else:
+        hidden = gelu_new(xp, linear(x, p["w_up"], p["b_up"]))  # [T, D] -> [T, F]
+    return linear(hidden, p["w_down"], p["b_down"])  # [T, F] -> [T, D]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the KV cache
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer at every position so far, preallocated to max_len positions.
+
+    k, v: [L, K, S_max, E]. Positions 0..length-1 are valid; rollback(n) forgets the rest.
+    """
+
+    k: Any
+    v: Any
+    length: int = 0
+
+    @property
+    def max_len(self) -> int:
+        """Positions the cache can hold."""
+        return self.k.shape[2]
+
+    def rollback(self, length: int) -> None:
+        """Shrink to the first `length` positions (rejected draft tokens are forgotten)."""
+        if not isinstance(length, (int, np.integer)) or not 0 <= length <= self.length:
+            raise MinispecError(f"KVCache.rollback: length must be an integer in 0..{self.length} "
+                                f"(the current length), got {length!r}")
+        self.length = int(length)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the model
+
+
+class Model:
+    """A loaded (or random) transformer: weights on the device and the forward pass over them.
+
+    `weights` is {"embed": [V, D], "pos_embed": [P, D] | None, "norm_w": [D], "norm_b": [D] | None,
+    "lm_head": [D, V], "layers": [ {per-layer dict, see block()} ] * L}, already in the compute dtype
+    and on the device of `xp`.
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, Any], *, xp, device: str,
+                 dtype, tokenizer=None, name: str = "model"):
+        self.config = config
+        self.weights = weights
+        self.xp = xp
+        self.device = device
+        self.dtype = np.dtype(dtype)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = config.vocab_size
+        self.n_layers = config.n_layers
+        self._inv_freq = rope_inv_freq(config) if config.family != "gpt2" else None
+        self._cos = self._sin = None
+        self._rope_len = 0
+        if self._inv_freq is not None:
+            self._grow_rope(min(config.max_position_embeddings, DEFAULT_MAX_CACHE))
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Model({self.name!r}, {c.family}, L={c.n_layers}, D={c.hidden_size}, "
+                f"V={c.vocab_size}, {self.device}, {self.dtype})")
+
+    def _grow_rope(self, n: int) -> None:
+        # tables for positions 0..n-1; grown on demand (each entry depends only on its position)
+        n = min(max(n, 2 * self._rope_len), self.config.max_position_embeddings)
+        cos, sin = rope_tables(self._inv_freq, n)
+        self._cos = self.xp.asarray(cos.astype(self.dtype))
+        self._sin = self.xp.asarray(sin.astype(self.dtype))
+        self._rope_len = n
+
+    # -- the cache ------------------------------------------------------------------------------
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty cache for up to max_len positions (default: the context, at most 4096)."""
+        c = self.config
+        if max_len is None:
+            max_len = min(c.max_position_embeddings, DEFAULT_MAX_CACHE)
+        if not isinstance(max_len, (int, np.integer)) or max_len < 1:
+            raise MinispecError(f"new_cache: max_len must be a positive integer, got {max_len!r}")
+        if max_len > c.max_position_embeddings:
+            raise MinispecError(f"new_cache: max_len {max_len} exceeds the model's context length "
+                                f"(max_position_embeddings={c.max_position_embeddings})")
+        shape = (c.n_layers, c.n_kv_heads, int(max_len), c.head_dim)  # [L, K, S_max, E]
+        return KVCache(self.xp.zeros(shape, self.dtype), self.xp.zeros(shape, self.dtype))
+
+    # -- the pieces of forward() ----------------------------------------------------------------
+
+    def _token_array(self, tokens):
+        ids = np.asarray(to_host(tokens) if not isinstance(tokens, (list, tuple)) else tokens)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise MinispecError(f"tokens: expected a non-empty 1-D sequence of integer token ids, "
+                                f"got shape {ids.shape} dtype {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise MinispecError(f"tokens: ids must be in 0..{self.vocab_size - 1} (vocab_size), "
+                                f"got {lo if lo < 0 else hi}")
+        return self.xp.asarray(ids.astype(np.int64))
+
+    def _check_span(self, pos: int, t: int, cache: KVCache | None) -> None:
+        ctx = self.config.max_position_embeddings
+        if pos < 0:
+            raise MinispecError(f"pos must be >= 0, got {pos}")
+        if pos + t > ctx:
+            raise MinispecError(f"sequence of {pos + t} positions is longer than the context "
+                                f"length (config max_position_embeddings={ctx})")
+        if cache is not None and pos + t > cache.max_len:
+            raise MinispecError(f"sequence of {pos + t} positions does not fit the KV cache "
+                                f"(max_len={cache.max_len}; use new_cache(max_len=...))")
+
+    def embed(self, tokens, pos: int):
+        """Token (+ learned position) embeddings for tokens at positions pos..pos+T-1 -> [T, D]."""
+        ids = self._token_array(tokens)
+        self._check_span(pos, int(ids.shape[0]), None)
+        h = self.weights["embed"][ids]  # [T] -> [T, D]
+        if self.weights["pos_embed"] is not None:
+            h = h + self.weights["pos_embed"][pos:pos + ids.shape[0]]
+        return h
+
+    def run_layers(self, h, cache: KVCache | None, pos: int, start: int = 0, stop: int | None = None):
+        """Layers start..stop-1 on h [T, D] at positions pos..pos+T-1 -> [T, D].
+
+        Writes those layers' keys/values into `cache` at pos..pos+T-1 and attends over positions
+        0..pos+T-1 of it; does not change cache.length (forward() does). cache None: no cache, the
+        T tokens attend only to each other (pos must then be 0).
+        """
+        stop = self.n_layers if stop is None else stop
+        if not 0 <= start <= stop <= self.n_layers:
+            raise MinispecError(f"run_layers: need 0 <= start <= stop <= {self.n_layers}, got "
+                                f"start={start}, stop={stop}")
+        t = h.shape[0]
+        if cache is None and pos != 0:
+            raise MinispecError(f"run_layers: without a cache pos must be 0, got {pos}")
+        self._check_span(pos, t, cache)
+        if self._inv_freq is not None and pos + t > self._rope_len:
+            self._grow_rope(pos + t)
+        rot = None if self._inv_freq is None else (self._cos[pos:pos + t], self._sin[pos:pos + t])
+        mask = causal_mask(self.xp, pos, t, pos + t, self.config.sliding_window)
+        for i in range(start, stop):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            h = block(self.xp, h, self.weights["layers"][i], self.config, rot, kv, pos, mask)
+        return h
+
+    def head(self, h):
+        """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device)."""
+        w = self.weights
+        h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)
+        return (h @ w["lm_head"]).astype("float32")  # [T, D] -> [T, V]
+
+    # -- whole passes ---------------------------------------------------------------------------
+
+    def forward(self, tokens, cache: KVCache):
+        """Feed T tokens at positions cache.length.., advance the cache -> logits [T, V] float32."""
+        pos = cache.length
+        h = self.embed(tokens, pos)
+        h = self.run_layers(h, cache, pos)
+        cache.length = pos + h.shape[0]
+        return self.head(h)
+
+    def logits(self, token_ids) -> np.ndarray:
+        """The reference: logits at every position of a fresh sequence, no cache -> host [n, V]."""
+        h = self.run_layers(self.embed(token_ids, 0), None, 0)
+        return to_host(self.head(h))
+
+
+def block(xp, x, p: dict[str, Any], config: ModelConfig, rot, kv, pos: int, mask):
+    """One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x [T, D] -> [T, D].
+
+    p holds attn_norm_w/_b, wqkv [D, (H+2K)E], bqkv, wo [H*E, D], bo, mlp_norm_w/_b, w_gate [D, F]
+    (None for GPT-2), w_up [D, F], b_up, w_down [F, D], b_down; absent biases are None. rot is (cos,
+    sin) [T, E/2] for RoPE or None; kv is this layer's (k, v) cache [K, S_max, E] or None.
+    """
+    h, k_heads, e = config.n_heads, config.n_kv_heads, config.head_dim
+    t = x.shape[0]
+    qkv = linear(norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps), p["wqkv"], p["bqkv"])
+    q = qkv[:, :h * e].reshape(t, h, e)  # [T, (H+2K)E] -> [T, H, E]
+    k = qkv[:, h * e:(h + k_heads) * e].reshape(t, k_heads, e)  # -> [T, K, E]
+    v = qkv[:, (h + k_heads) * e:].reshape(t, k_heads, e)  # -> [T, K, E]
+    if rot is not None:
+        q, k = rope(xp, q, *rot), rope(xp, k, *rot)
+    k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, K, E] -> [K, T, E]
+    if kv is not None:
+        k_cache, v_cache = kv
+        k_cache[:, pos:pos + t] = k
+        v_cache[:, pos:pos + t] = v
+        k, v = k_cache[:, :pos + t], v_cache[:, :pos + t]  # -> [K, S, E]
+    x = x + linear(attention(xp, q, k, v, mask), p["wo"], p["bo"])
+    return x + mlp(xp, norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p)

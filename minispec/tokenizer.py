@@ -1,0 +1,68 @@
+"""A thin layer over the `tokenizers` library: text <-> token ids for a model directory's tokenizer.json.
+
+Special tokens are handled here, explicitly: encode() never lets the tokenizer's post-processor add
+anything and prepends BOS itself when the model's tokenizer would (Llama does, Qwen2 and GPT-2 don't).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import MinispecError
+
+
+class Tokenizer:
+    """Text <-> ids. bos_id: the id encode(add_bos=True) prepends, None when the model adds no BOS."""
+
+    def __init__(self, tok: Any, *, bos_id: int | None = None, eos_id: int | None = None,
+                 source: str = "tokenizer.json"):
+        self.tok = tok  # a tokenizers.Tokenizer
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.source = source
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Tokenizer:
+        """Read tokenizer.json (BOS/EOS are filled in by the loader)."""
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:  # pragma: no cover - tokenizers is a runtime dependency
+            raise MinispecError(f"{path}: reading it needs the 'tokenizers' package "
+                                f"(pip install tokenizers)") from None
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception on bad files
+            raise MinispecError(f"{path}: not a valid tokenizer.json ({e})") from None
+        return cls(tok, source=str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows, special tokens included (may be below the model's V)."""
+        return self.tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token string, or None."""
+        return self.tok.token_to_id(token)
+
+    def post_processor_bos(self) -> int | None:
+        """The id the tokenizer's own post-processor puts in front of a text, if any."""
+        plain = self.tok.encode("a", add_special_tokens=False).ids
+        special = self.tok.encode("a", add_special_tokens=True).ids
+        if len(special) == len(plain) + 1 and special[1:] == plain:
+            return special[0]
+        return None
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of `text`, with BOS in front when add_bos and the model has one."""
+        if not isinstance(text, str):
+            raise MinispecError(f"encode: text must be a str, got {type(text).__name__}")
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """The text of token ids (special tokens kept unless skip_special_tokens)."""
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.source!r}, vocab={self.vocab_size}, bos={self.bos_id})"

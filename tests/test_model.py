@@ -1,0 +1,159 @@
+"""The forward pass: every cached path equals a full recompute (Model.logits), for every family."""
+
+import numpy as np
+import pytest
+from conftest import FAMILIES, tiny_config
+
+from minispec.backend import to_host
+from minispec.errors import MinispecError
+from minispec.loader import random_model
+from minispec.model import KVCache, causal_mask
+
+TOL = 2e-5  # float32; logits are O(1) with scale=0.3
+TOKENS = [3, 17, 5, 42, 8, 8, 0, 31, 22, 9, 14, 47, 2, 6, 11, 30]
+
+
+def _model(family, device, **overrides):
+    return random_model(tiny_config(family, **overrides), seed=7, device=device, scale=0.3)
+
+
+def _fwd(model, tokens, cache):
+    return to_host(model.forward(tokens, cache))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_prefill_then_decode_equals_full_recompute(family, device):
+    m = _model(family, device)
+    ref = m.logits(TOKENS)
+    assert ref.shape == (len(TOKENS), 48) and ref.dtype == np.float32
+    cache = m.new_cache()
+    got = [_fwd(m, TOKENS[:5], cache)]
+    for t in TOKENS[5:]:
+        got.append(_fwd(m, [t], cache))
+    assert cache.length == len(TOKENS)
+    np.testing.assert_allclose(np.concatenate(got), ref, atol=TOL, rtol=0)
+    assert np.abs(ref).max() > 0.5  # the comparison is not between near-zero logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multi_token_steps_and_rollback(family, device):
+    m = _model(family, device)
+    ref = m.logits(TOKENS)
+    cache = m.new_cache(32)
+    np.testing.assert_allclose(_fwd(m, TOKENS[:4], cache), ref[:4], atol=TOL, rtol=0)
+    # a verification-style step: 5 tokens in one call
+    np.testing.assert_allclose(_fwd(m, TOKENS[4:9], cache), ref[4:9], atol=TOL, rtol=0)
+    # reject the last three: roll back and feed different tokens in their place
+    cache.rollback(6)
+    other = [1, 2, 3, 4]
+    ref2 = m.logits(TOKENS[:6] + other)
+    np.testing.assert_allclose(_fwd(m, other[:3], cache), ref2[6:9], atol=TOL, rtol=0)
+    np.testing.assert_allclose(_fwd(m, other[3:], cache), ref2[9:], atol=TOL, rtol=0)
+    # roll back to empty and start again
+    cache.rollback(0)
+    np.testing.assert_allclose(_fwd(m, TOKENS, cache), ref, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pieces_compose_to_forward(family, device):
+    m = _model(family, device)
+    ref = m.logits(TOKENS[:7])
+    cache = m.new_cache(16)
+    h = m.embed(TOKENS[:7], 0)
+    h = m.run_layers(h, cache, 0, 0, 1)
+    h = m.run_layers(h, cache, 0, 1, m.n_layers)
+    np.testing.assert_allclose(to_host(m.head(h)), ref, atol=TOL, rtol=0)
+    assert cache.length == 0  # run_layers leaves the length to its caller
+    # the first layer alone then the head: an early-exit drafter's view, deterministic
+    early = to_host(m.head(m.run_layers(m.embed(TOKENS[:7], 0), None, 0, 0, 1)))
+    assert early.shape == ref.shape and not np.allclose(early, ref)
+
+
+def test_sliding_window_limits_attention(device):
+    windowed = _model("mistral", device, sliding_window=4)
+    full = _model("mistral", device, sliding_window=None)
+    a, b = windowed.logits(TOKENS), full.logits(TOKENS)
+    # within the window nothing differs; past it the early tokens are out of view
+    np.testing.assert_allclose(a[:4], b[:4], atol=TOL, rtol=0)
+    assert np.abs(a[8:] - b[8:]).max() > 1e-3
+    # a token far enough back that no layer reaches it no longer changes the last position
+    changed = windowed.logits([7] + TOKENS[1:])
+    np.testing.assert_allclose(changed[-1], a[-1], atol=TOL, rtol=0)
+
+
+def test_causal_mask():
+    m = causal_mask(np, 2, 3, 5, None)
+    assert m.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    w = causal_mask(np, 2, 3, 5, 2)
+    assert w.tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
+
+
+def test_random_model_is_deterministic_and_scale_sharpens():
+    c = tiny_config()
+    a = random_model(c, seed=3, scale=0.3).logits([1, 2, 3])
+    np.testing.assert_array_equal(a, random_model(c, seed=3, scale=0.3).logits([1, 2, 3]))
+    assert not np.allclose(a, random_model(c, seed=4, scale=0.3).logits([1, 2, 3]))
+    small = random_model(c, seed=3, scale=0.02).logits([1, 2, 3])
+    assert np.ptp(small[-1]) < np.ptp(a[-1])
+
+
+def test_model_attributes():
+    m = random_model(tiny_config("qwen2"))
+    assert (m.vocab_size, m.n_layers, m.device, m.dtype, m.tokenizer) == (48, 2, "cpu",
+                                                                        np.float32, None)
+    assert m.xp is np and m.name == "random-qwen2"
+
+
+def test_default_cache_is_capped():
+    m = random_model(tiny_config(max_position_embeddings=131072, n_layers=1))
+    cache = m.new_cache()
+    assert isinstance(cache, KVCache) and cache.max_len == 4096
+    assert cache.k.shape == (1, 2, 4096, 8)
+    assert m.new_cache(8).max_len == 8
+
+
+def test_cache_overflow_names_max_len():
+    m = _model("llama", "cpu")
+    cache = m.new_cache(8)
+    m.forward(TOKENS[:6], cache)
+    with pytest.raises(MinispecError, match="max_len=8"):
+        m.forward(TOKENS[:3], cache)
+    assert cache.length == 6  # a refused step leaves the cache as it was
+    m.forward(TOKENS[:2], cache)
+    assert cache.length == 8
+
+
+def test_context_overflow_names_field():
+    m = _model("gpt2", "cpu", max_position_embeddings=8)
+    with pytest.raises(MinispecError, match="max_position_embeddings=8"):
+        m.logits(list(range(9)))
+    with pytest.raises(MinispecError, match="max_position_embeddings=8"):
+        m.new_cache(9)
+
+
+def test_bad_tokens_and_rollback():
+    m = _model("llama", "cpu")
+    with pytest.raises(MinispecError, match="vocab_size"):
+        m.logits([1, 48])
+    with pytest.raises(MinispecError, match="vocab_size"):
+        m.logits([-1])
+    with pytest.raises(MinispecError, match="non-empty"):
+        m.logits([])
+    cache = m.new_cache(8)
+    m.forward([1, 2, 3], cache)
+    with pytest.raises(MinispecError, match="0..3"):
+        cache.rollback(4)
+    with pytest.raises(MinispecError, match="0..3"):
+        cache.rollback(-1)
+    with pytest.raises(MinispecError, match="start <= stop"):
+        m.run_layers(m.embed([1], 3), cache, 3, 1, 5)
+
+
+def test_float16_compute_close_to_float32(device):
+    if device == "cpu":
+        pytest.skip("float16 compute is meant for the GPU")
+    c = tiny_config()
+    a = random_model(c, seed=1, device=device, scale=0.3).logits(TOKENS)
+    b = random_model(c, seed=1, device=device, dtype="float16", scale=0.3).logits(TOKENS)
+    assert b.dtype == np.float32
+    np.testing.assert_allclose(a, b, atol=5e-2, rtol=0)
