@@ -220,7 +220,9 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
         value = hf.get(key, default)
         if value is ...:
             raise MinispecError(f"{source}: field {key!r} is missing (needed for {family})")
-        if value is not None and not (isinstance(value, kind) and not isinstance(value, bool)):
+        optional = default is not ...
+        if (value is not None or not optional) and not (
+                isinstance(value, kind) and not isinstance(value, bool)):
             raise MinispecError(f"{source}: field {key!r} should be {getattr(kind, '__name__', kind)}"
                                 f", got {value!r}")
         return value

@@ -20,7 +20,7 @@ from .backend import get_backend, to_host
 from .config import ModelConfig, read_config, read_json
 from .errors import MinispecError
 from .model import Model
-from .safetensors import Checkpoint, save_file
+from .safetensors import SUPPORTED, Checkpoint, save_file
 from .tokenizer import Tokenizer
 
 # tensors some checkpoints carry that are buffers, not weights (recomputed or implied)
@@ -213,7 +213,7 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     config = read_config(path / "config.json")
     ckpt = Checkpoint(path)
     prefix = _gpt2_prefix(ckpt.keys()) if config.family == "gpt2" else ""
-    for name, shape in hf_shapes(config, prefix).items():  # shapes checked before any data is read
+    for name, shape in hf_shapes(config, prefix).items():  # checked before any data is read
         if name not in ckpt:
             raise MinispecError(f"{path}: tensor {name!r} is missing from the checkpoint (expected "
                                 f"shape {list(shape)} for {config.family}: {_describe(config)})")
@@ -221,6 +221,9 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
             raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} has shape "
                                 f"{list(ckpt.shape(name))}, expected {list(shape)} from config.json "
                                 f"({_describe(config)})")
+        if ckpt.dtype(name) not in SUPPORTED:
+            raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} has dtype "
+                                f"{ckpt.dtype(name)}; minispec reads {', '.join(SUPPORTED)}")
     tokenizer = None
     if (path / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(path / "tokenizer.json")

@@ -69,6 +69,9 @@ class SafetensorsFile:
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
 
+    def __iter__(self):
+        return iter(self.tensors)
+
     def keys(self) -> list[str]:
         """Tensor names in the file."""
         return list(self.tensors)
@@ -220,6 +223,10 @@ class Checkpoint:
     def shape(self, name: str) -> tuple[int, ...]:
         """The shape of tensor `name` as its header declares it."""
         return self._where[name].tensors[name].shape
+
+    def dtype(self, name: str) -> str:
+        """The safetensors dtype of tensor `name` ("F32", "BF16", ...)."""
+        return self._where[name].tensors[name].dtype
 
     def get(self, name: str) -> np.ndarray:
         """Tensor `name` as float32 or float16 (see SafetensorsFile.get)."""

@@ -100,3 +100,184 @@ def test_float16_compute_dtype(tmp_path):
     assert m.logits([1, 2]).dtype == np.float32
     with pytest.raises(MinispecError, match="dtype"):
         load(tmp_path, dtype="bfloat16", device="cpu")
+
+
+def test_gpt2_without_transformer_prefix(tmp_path):
+    # the original gpt2 files on the hub name tensors "h.0.attn..." with no "transformer." and carry
+    # the attention-mask buffers "h.N.attn.bias"
+    m = random_model(tiny_config("gpt2"), seed=3, scale=0.3)
+    tensors = {k.removeprefix("transformer."): v for k, v in _to_hf_tensors(m).items()}
+    tensors["h.0.attn.bias"] = np.ones((1, 1, 64, 64), np.float32)
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(m.config.to_hf()))
+    np.testing.assert_array_equal(load(tmp_path, device="cpu").logits(TOKENS), m.logits(TOKENS))
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def test_not_a_directory_and_missing_files(tmp_path):
+    with pytest.raises(MinispecError, match="nowhere: not a model directory"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(MinispecError, match="config.json: file not found"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "llama",')
+    with pytest.raises(MinispecError, match="config.json: not valid JSON"):
+        load(tmp_path)
+    _saved(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(MinispecError, match="no model.safetensors or model.safetensors.index.json"):
+        load(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "vocab_size": 8}))
+    with pytest.raises(MinispecError, match="config.json: model_type 'mamba'.*supported families: "
+                                            "llama, qwen2, mistral, gpt2"):
+        load(tmp_path)
+
+
+def _rewrite(tmp_path, edit):
+    from minispec.safetensors import SafetensorsFile
+
+    f = SafetensorsFile(tmp_path / "model.safetensors")
+    tensors = {k: np.array(f.get(k)) for k in f}
+    del f
+    edit(tensors)
+    save_file(tensors, tmp_path / "model.safetensors")
+
+
+def test_missing_tensor(tmp_path):
+    _saved(tmp_path)
+    _rewrite(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(MinispecError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' is missing "
+                                            r"from the checkpoint \(expected shape \[64, 32\]"):
+        load(tmp_path)
+
+
+def test_untied_config_needs_lm_head(tmp_path):
+    _saved(tmp_path, tie_word_embeddings=True)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    with pytest.raises(MinispecError, match=r"'lm_head.weight' is missing.*\[48, 32\].*"
+                                            r"tie_word_embeddings=False"):
+        load(tmp_path)
+
+
+def test_shape_disagrees_with_config(tmp_path):
+    _saved(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 80}))
+    with pytest.raises(MinispecError, match=r"model.safetensors: tensor "
+                                            r"'model.layers.0.mlp.gate_proj.weight' has shape "
+                                            r"\[64, 32\], expected \[80, 32\] from config.json"):
+        load(tmp_path)
+
+
+def test_shape_error_names_the_shard(tmp_path):
+    m = random_model(tiny_config())
+    weight_map = _shard(tmp_path, m)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "vocab_size": 50}))
+    shard = weight_map["model.embed_tokens.weight"]
+    with pytest.raises(MinispecError, match=f"{shard}: tensor 'model.embed_tokens.weight' has "
+                                            r"shape \[48, 32\], expected \[50, 32\]"):
+        load(tmp_path)
+
+
+def test_truncated_and_bad_dtype_weights(tmp_path):
+    _saved(tmp_path)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(MinispecError, match="model.safetensors: tensor .* run past the end"):
+        load(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(raw[:5])
+    with pytest.raises(MinispecError, match="model.safetensors: truncated"):
+        load(tmp_path)
+
+
+def test_unknown_dtype_in_a_used_tensor(tmp_path):
+    m = random_model(tiny_config())
+    tensors = _to_hf_tensors(m)
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(m.config.to_hf()))
+    raw = bytearray((tmp_path / "model.safetensors").read_bytes())
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    header["model.norm.weight"]["dtype"] = "U32"  # same size as F32: only the dtype is wrong
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (n - len(text))
+    raw[8:8 + n] = text
+    (tmp_path / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(MinispecError, match="'model.norm.weight' has dtype U32; minispec reads "
+                                            "F32, F16, BF16"):
+        load(tmp_path)
+
+
+def test_sequence_longer_than_context(tmp_path):
+    _saved(tmp_path, max_position_embeddings=10)
+    m = load(tmp_path, device="cpu")
+    assert m.new_cache().max_len == 10
+    with pytest.raises(MinispecError, match="longer than the context length .*"
+                                            "max_position_embeddings=10"):
+        m.forward(list(range(11)), m.new_cache())
+
+
+# -- tokenizer and special tokens ----------------------------------------------------------------
+
+
+def _write_tokenizer(path, bos_template: bool):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4, "<eot>": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>", "<eot>"])
+    if bos_template:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[
+            ("<s>", 1)])
+    tok.save(str(path / "tokenizer.json"))
+
+
+def test_tokenizer_llama_style_adds_bos(tmp_path):
+    _saved(tmp_path)
+    _write_tokenizer(tmp_path, bos_template=True)
+    m = load(tmp_path, device="cpu")
+    tok = m.tokenizer
+    assert tok.encode("hello world") == [1, 3, 4]
+    assert tok.encode("hello world", add_bos=False) == [3, 4]
+    assert tok.decode([1, 3, 4], skip_special_tokens=True) == "hello world"
+    assert tok.vocab_size == 6 and m.vocab_size == 48  # the model's rows may exceed the tokenizer
+    assert (m.config.bos_token_id, m.config.eos_token_id, tok.eos_id) == (1, 2, 2)
+
+
+def test_tokenizer_without_bos_template(tmp_path):
+    _saved(tmp_path)  # config.json has bos_token_id 1, but this tokenizer adds nothing (GPT-2, Qwen)
+    _write_tokenizer(tmp_path, bos_template=False)
+    tok = load(tmp_path, device="cpu").tokenizer
+    assert tok.bos_id is None and tok.encode("hello world") == [3, 4]
+    # tokenizer_config.json can switch it on explicitly
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True}))
+    assert load(tmp_path, device="cpu").tokenizer.encode("world") == [1, 4]
+
+
+def test_special_tokens_from_generation_and_tokenizer_config(tmp_path):
+    _saved(tmp_path, bos_token_id=None, eos_token_id=None)
+    _write_tokenizer(tmp_path, bos_template=True)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>"}}))
+    m = load(tmp_path, device="cpu")
+    assert (m.config.bos_token_id, m.config.eos_token_ids) == (1, (2,))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 2]}))
+    m = load(tmp_path, device="cpu")
+    assert (m.config.eos_token_id, m.config.eos_token_ids, m.tokenizer.eos_id) == (5, (5, 2), 5)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False}))
+    assert load(tmp_path, device="cpu").tokenizer.encode("hello") == [3]
+
+
+def test_no_tokenizer_and_corrupt_tokenizer(tmp_path):
+    _saved(tmp_path)
+    assert load(tmp_path, device="cpu").tokenizer is None
+    (tmp_path / "tokenizer.json").write_text("{broken")
+    with pytest.raises(MinispecError, match="tokenizer.json: not a valid tokenizer.json"):
+        load(tmp_path, device="cpu")

@@ -1,0 +1,144 @@
+"""ModelConfig: defaults, both config.json spellings of RoPE, every family, and bad fields."""
+
+import json
+
+import numpy as np
+import pytest
+
+from minispec.config import ModelConfig, read_config
+from minispec.errors import MinispecError
+from minispec.model import rope_inv_freq
+
+LLAMA = {
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+}
+LLAMA3_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+def test_keyword_construction_and_defaults():
+    c = ModelConfig(family="llama", vocab_size=16, hidden_size=32, n_layers=2, n_heads=4,
+                    n_kv_heads=2, intermediate_size=64, max_position_embeddings=128)
+    assert (c.head_dim, c.n_kv_heads, c.rope_theta, c.rope_scaling) == (8, 2, 10000.0, None)
+    assert c.eos_token_id is None and c.eos_token_ids == () and not c.tie_word_embeddings
+    assert ModelConfig(family="gpt2", hidden_size=64, n_heads=4).intermediate_size == 256
+    assert ModelConfig(family="qwen2").attention_bias  # Qwen2 always has q/k/v biases
+    assert ModelConfig(eos_token_id=5).eos_token_ids == (5,)
+
+
+def test_llama3_hub_spelling_and_transformers5_spelling_agree():
+    hub = ModelConfig.from_hf({**LLAMA, "rope_theta": 500000.0,
+                               "rope_scaling": {"rope_type": "llama3", **LLAMA3_SCALING}})
+    tf5 = ModelConfig.from_hf({**LLAMA, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}})
+    assert hub == tf5
+    assert hub.rope_theta == 500000.0 and hub.rope_scaling == {"rope_type": "llama3",
+                                                               **LLAMA3_SCALING}
+    assert (hub.n_kv_heads, hub.head_dim, hub.tie_word_embeddings) == (8, 64, True)
+    assert (hub.bos_token_id, hub.eos_token_id, hub.eos_token_ids) == (
+        128000, 128001, (128001, 128008, 128009))
+    # old spelling "type" and "default" rope
+    old = ModelConfig.from_hf({**LLAMA, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert old.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    plain = ModelConfig.from_hf({**LLAMA, "rope_parameters": {"rope_type": "default",
+                                                               "rope_theta": 1e6}})
+    assert plain.rope_scaling is None and plain.rope_theta == 1e6
+
+
+def test_llama3_frequencies():
+    c = ModelConfig.from_hf({**LLAMA, "rope_theta": 500000.0,
+                             "rope_scaling": {"rope_type": "llama3", **LLAMA3_SCALING}})
+    base = ModelConfig.from_hf({**LLAMA, "rope_theta": 500000.0})
+    inv, inv0 = rope_inv_freq(c), rope_inv_freq(base)
+    wavelen = 2 * np.pi / inv0
+    high = wavelen < 8192 / 4  # short wavelengths: unchanged
+    low = wavelen > 8192 / 1  # long wavelengths: divided by the factor
+    np.testing.assert_allclose(inv[high], inv0[high])
+    np.testing.assert_allclose(inv[low], inv0[low] / 32)
+    mid = ~high & ~low
+    assert mid.any() and np.all(inv[mid] < inv0[mid]) and np.all(inv[mid] > inv0[mid] / 32)
+
+
+def test_families():
+    qwen = ModelConfig.from_hf({
+        "model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+        "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True})
+    assert (qwen.family, qwen.head_dim, qwen.attention_bias, qwen.sliding_window) == (
+        "qwen2", 64, True, None)
+    mistral = ModelConfig.from_hf({
+        "architectures": ["MistralForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "sliding_window": 4096})
+    assert (mistral.family, mistral.sliding_window, mistral.n_kv_heads) == ("mistral", 4096, 8)
+    gpt2 = ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768,
+                                "n_layer": 12, "n_head": 12, "n_positions": 1024,
+                                "n_inner": None, "bos_token_id": 50256, "eos_token_id": 50256})
+    assert (gpt2.family, gpt2.intermediate_size, gpt2.head_dim, gpt2.tie_word_embeddings) == (
+        "gpt2", 3072, 64, True)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gpt2"])
+def test_to_hf_round_trip(family):
+    c = ModelConfig(family=family, vocab_size=40, hidden_size=32, n_layers=2, n_heads=4,
+                    n_kv_heads=4 if family == "gpt2" else 2, intermediate_size=48,
+                    max_position_embeddings=64, sliding_window=8 if family == "mistral" else None,
+                    rope_scaling=None if family == "gpt2" else {"rope_type": "linear",
+                                                                 "factor": 2.0},
+                    eos_token_ids=(3, 4))
+    assert ModelConfig.from_hf(json.loads(json.dumps(c.to_hf()))) == c
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "falcon"}, "'falcon'.*supported families: llama, qwen2, mistral, gpt2"),
+    ({"hidden_size": None}, "field 'hidden_size' should be int"),
+    ({"num_hidden_layers": "16"}, "field 'num_hidden_layers' should be int"),
+    ({"hidden_act": "gelu"}, "field 'hidden_act' is 'gelu'"),
+    ({"mlp_bias": True}, "field 'mlp_bias'"),
+    ({"num_key_value_heads": 7}, "n_heads 32 must be a multiple of n_kv_heads 7"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     "'rope_scaling': rope_type 'yarn' is not supported; expected one of default, linear, llama3"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}},
+     "rope_parameters'.low_freq_factor: expected a positive number"),
+    ({"rope_theta": -1}, "field 'rope_theta' should be a positive number"),
+    ({"eos_token_id": "</s>"}, "field 'eos_token_id': expected a token id"),
+])
+def test_bad_fields(change, message):
+    with pytest.raises(MinispecError, match=message):
+        ModelConfig.from_hf({**LLAMA, **change}, "x/config.json")
+
+
+def test_missing_field_and_other_families_errors():
+    hf = dict(LLAMA)
+    del hf["intermediate_size"]
+    with pytest.raises(MinispecError, match="x/config.json: field 'intermediate_size' is missing"):
+        ModelConfig.from_hf(hf, "x/config.json")
+    with pytest.raises(MinispecError, match="use_sliding_window"):
+        ModelConfig.from_hf({**LLAMA, "model_type": "qwen2", "use_sliding_window": True})
+    with pytest.raises(MinispecError, match="activation_function"):
+        ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 10, "activation_function": "relu"})
+    with pytest.raises(MinispecError, match="scale_attn_by_inverse_layer_idx"):
+        ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 10,
+                             "scale_attn_by_inverse_layer_idx": True})
+    with pytest.raises(MinispecError, match="ModelConfig.family"):
+        ModelConfig(family="bert")
+    with pytest.raises(MinispecError, match="ModelConfig.vocab_size: expected a positive"):
+        ModelConfig(vocab_size=0)
+
+
+def test_read_config_files(tmp_path):
+    with pytest.raises(MinispecError, match="config.json: file not found"):
+        read_config(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(MinispecError, match="config.json: not valid JSON"):
+        read_config(tmp_path)
+    (tmp_path / "config.json").write_text("[]")
+    with pytest.raises(MinispecError, match="expected a JSON object"):
+        read_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    assert read_config(tmp_path).n_layers == 16
