@@ -1,9 +1,8 @@
 """Drafters: whatever proposes the gamma tokens the target then verifies.
 
-Leviathan et al. 2023 draft with a smaller model M_q (section 2.3) but note that any cheap
-approximation works (section 4.6: "n-gram" and other simple drafters); speculative sampling is
-lossless for every drafter, provided it reports q, the exact distribution each draft token was
-drawn from. A drafter that always proposes the same token given its context reports a one-hot q.
+Leviathan et al. 2023 draft with a smaller model M_q (section 2.3) and note that any cheaper
+approximation works, down to trivial n-gram models; speculative sampling is lossless for every
+drafter, provided it reports q, the exact distribution each draft token was drawn from. A drafter that always proposes the same token given its context reports a one-hot q.
 
 `speculative_generate` drives a drafter in rounds:
     start(prompt_ids)                                 once per generation
@@ -46,9 +45,10 @@ class Drafter(Protocol):
 
         Returns draft tokens int64 [g] and q float64 [g, V]: row i is the exact distribution
         token i was drawn from, after warp_fn (the same temperature/top-k/top-p warp the target
-        gets; warp_fn takes logits [..., V] and returns probabilities). V is the target's vocab
-        size, or less: missing trailing columns count as probability 0 (a target whose
-        embedding is padded past the shared tokenizer). Random draws come from `rng` only.
+        gets; warp_fn takes logits [..., V] and returns probabilities over the V token ids
+        generation samples from). q may have fewer columns than V: the missing trailing ones
+        count as probability 0 (a draft model without the target's padded ids). Random draws
+        come from `rng` only.
         """
 
     def accept(self, context: list[int]) -> None:
@@ -89,21 +89,30 @@ class ModelDrafter:
         """Sample gamma tokens from the draft model, one forward call each; the first call also
         feeds the context tokens the cache has not seen. The last draft is not fed: nothing
         needs its logits this round."""
-        cache = self.cache
+        model = self.model
+        # the cache will hold context + drafts[:-1]; near the draft's own context limit, draft less
+        gamma = min(gamma, model.config.max_position_embeddings - len(context) + 1)
+        tokens = context[self.cache.length :]  # catch-up: tokens accepted since the last round
+        if gamma < 1 or (tokens and max(tokens) >= model.vocab_size):
+            # nothing to draft, or the target sampled an id past this model's vocabulary (only
+            # possible without tokenizers): the round is one target step
+            self._synced, self._fed = self.cache.length, []
+            return np.empty(0, dtype=np.int64), np.empty((0, model.vocab_size))
+        if len(context) + gamma - 1 > self.cache.max_len:  # grow (rare): re-read the context
+            self.cache = model.new_cache(
+                min(model.config.max_position_embeddings, 2 * (len(context) + gamma))
+            )
+            tokens = context
         drafts = np.empty(gamma, dtype=np.int64)
         q = []
-        tokens = context[cache.length :]  # catch-up: tokens accepted since the last round
         for i in range(gamma):
-            logits = self.model.forward(tokens, cache)  # [T, V_draft]
+            logits = model.forward(tokens, self.cache)  # [T, V_draft]
             self.calls += 1
             q.append(warp_fn(logits[-1]))  # [V_draft]: only the row we sample from
             drafts[i] = sample(q[-1], rng)
             tokens = [int(drafts[i])]
-        if gamma > 0:
-            self._synced, self._fed = len(context), drafts[:-1].tolist()
-        else:
-            self._synced, self._fed = cache.length, []
-        return drafts, (np.stack(q) if q else np.empty((0, self.model.vocab_size)))
+        self._synced, self._fed = len(context), drafts[:-1].tolist()
+        return drafts, np.stack(q)
 
     def accept(self, context: list[int]) -> None:
         """Roll the cache back to the drafts the target kept (the rest of `context` is caught up
@@ -125,14 +134,40 @@ def check_vocabularies(target, draft) -> None:
     """
     if draft is target:
         return
-    tok_t, tok_d = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
-    if tok_t is not None and tok_d is not None and tok_t.get_vocab() != tok_d.get_vocab():
-        raise MinispecError(
-            f"draft {draft.name!r} and target {target.name!r} have different tokenizers "
-            "(token -> id maps differ): speculative decoding needs a shared vocabulary"
-        )
     if draft.vocab_size > target.vocab_size:
         raise MinispecError(
             f"draft {draft.name!r} has vocab_size {draft.vocab_size}, larger than target "
             f"{target.name!r} ({target.vocab_size}): the draft must use the target's vocabulary"
         )
+    tok_t, tok_d = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    if tok_t is None or tok_d is None:
+        return
+    if not _same_vocab(tok_t, tok_d):
+        raise MinispecError(
+            f"draft {draft.name!r} and target {target.name!r} have different tokenizers "
+            "(their token -> id maps differ): speculative decoding needs a shared vocabulary"
+        )
+    if draft.vocab_size < tok_d.vocab_size:
+        raise MinispecError(
+            f"draft {draft.name!r} has vocab_size {draft.vocab_size}, fewer than the "
+            f"{tok_d.vocab_size} tokens of its tokenizer: it cannot read every token"
+        )
+
+
+# (id(a), id(b)) -> (a, b) for tokenizer pairs found equal; holding the pair keeps the ids valid
+_checked_pairs: dict[tuple[int, int], tuple] = {}
+
+
+def _same_vocab(a, b) -> bool:
+    """Same token -> id map (special tokens included); each pair is compared once."""
+    if a is b or (id(a), id(b)) in _checked_pairs:
+        return True
+    same = _vocab(a) == _vocab(b)
+    if same:
+        _checked_pairs[(id(a), id(b))] = (a, b)
+    return same
+
+
+def _vocab(tokenizer) -> dict[str, int]:
+    tok = getattr(tokenizer, "tok", tokenizer)  # minispec.Tokenizer wraps a tokenizers.Tokenizer
+    return tok.get_vocab(with_added_tokens=True)

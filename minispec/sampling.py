@@ -39,21 +39,21 @@ def warp(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.n
     """Logits [..., V] (NumPy or CuPy) -> probabilities [..., V], float64 NumPy, rows sum to 1.
 
     temperature 0: one-hot at the argmax (the first one on ties, as `np.argmax`), i.e. greedy.
-    top_k > 0: keep the k largest logits (and any tied with the k-th), zero the rest.
+    top_k > 0: keep the k largest logits, zero the rest.
     top_p < 1: keep the smallest set of most probable tokens whose mass is >= top_p (nucleus
-    sampling; ties in probability are taken in token-id order); at least one token is kept.
-    Top-k is applied before top-p, both after temperature, as in Hugging Face `generate`.
+    sampling); at least one token is kept.
+    In both, tokens tied with the last one kept are kept too. Top-k is applied before top-p,
+    both after temperature, as in Hugging Face `generate`.
     """
     check_sampling_params(temperature, top_k, top_p)
-    x = np.asarray(to_host(logits), dtype=np.float64)  # a copy unless the input is already f64
-    if x.ndim == 0 or x.shape[-1] == 0:
-        raise MinispecError(f"logits: expected shape [..., V] with V >= 1, got {x.shape}")
+    logits = to_host(logits)
+    if logits.ndim == 0 or logits.shape[-1] == 0:
+        raise MinispecError(f"logits: expected shape [..., V] with V >= 1, got {logits.shape}")
     if temperature == 0:
-        probs = np.zeros(x.shape)
-        np.put_along_axis(probs, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        probs = np.zeros(logits.shape)
+        np.put_along_axis(probs, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return probs
-    if x is logits:
-        x = x.copy()  # never scale the caller's array in place
+    x = logits.astype(np.float64)  # our own copy, changed in place below
     x /= temperature
     V = x.shape[-1]
     if 0 < top_k < V:
@@ -63,26 +63,23 @@ def warp(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.n
     probs = np.exp(x, out=x)
     probs /= probs.sum(axis=-1, keepdims=True)
     if top_p < 1:
-        order = np.argsort(-probs, axis=-1, kind="stable")  # most probable first
-        sorted_probs = np.take_along_axis(probs, order, axis=-1)
-        mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
-        keep = np.zeros(probs.shape, dtype=bool)
-        # a token is in the nucleus iff the tokens before it have not yet reached top_p
-        np.put_along_axis(keep, order, mass_before < top_p, axis=-1)
-        probs[~keep] = 0.0
+        desc = np.sort(probs, axis=-1)[..., ::-1]  # most probable first
+        mass_before = np.cumsum(desc, axis=-1) - desc
+        # a token is in the nucleus iff the more probable ones have not yet reached top_p
+        n = (mass_before < top_p).sum(axis=-1, keepdims=True)  # >= 1: mass_before[0] = 0
+        probs[probs < np.take_along_axis(desc, n - 1, axis=-1)] = 0.0
         probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 
 
 def sample(probs, rng: np.random.Generator) -> int:
-    """One token id drawn from the probability row `probs` [V] (sums to 1; >= 0), using `rng`.
+    """One token id drawn from the probability row `probs` [V] (>= 0, sums to 1), using `rng`.
 
-    Inverse-CDF sampling with one uniform draw (llama2.c's `sample_mult`); a token with
-    probability 0 is never returned.
+    Inverse-CDF sampling with one uniform draw (llama2.c's `sample_mult`), over the tokens with
+    nonzero probability only: after greedy, top-k or top-p warping that is a handful of ids.
     """
-    cdf = np.cumsum(probs)
+    support = np.flatnonzero(probs > 0)
+    cdf = np.cumsum(probs[support])
     r = rng.random() * cdf[-1]  # scaled by the total, so round-off in the sum does not matter
-    i = int(np.searchsorted(cdf, r, side="right"))  # first index with cdf > r: probs[i] > 0
-    if i == len(cdf):  # r rounded up to the total: take the last token with mass
-        i = int(np.flatnonzero(np.asarray(probs) > 0)[-1])
-    return i
+    i = int(np.searchsorted(cdf, r, side="right"))  # the first token whose cdf passes r
+    return int(support[min(i, len(support) - 1)])  # min: in case r rounded up to the total
