@@ -173,7 +173,7 @@ def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
     return out
 
 
-def _compute_dtype(dtype, device: str) -> np.dtype:
+def _compute_dtype(dtype) -> np.dtype:
     if dtype is None:
         return np.dtype(np.float32)
     try:
@@ -188,7 +188,9 @@ def _compute_dtype(dtype, device: str) -> np.dtype:
 
 def _putter(xp, dtype: np.dtype):
     def put(a: np.ndarray):
-        return xp.asarray(np.ascontiguousarray(a, dtype=dtype))
+        # always a copy: a view into the memory-mapped file would break if the file changed later
+        host = np.array(a, dtype=dtype, order="C", copy=xp is np)
+        return host if xp is np else xp.asarray(host)
     return put
 
 
@@ -209,7 +211,7 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
         raise MinispecError(f"{path}: not a model directory (expected config.json and "
                             f"model.safetensors in it)")
     xp, dev = get_backend(device)
-    dt = _compute_dtype(dtype, dev)
+    dt = _compute_dtype(dtype)
     config = read_config(path / "config.json")
     ckpt = Checkpoint(path)
     prefix = _gpt2_prefix(ckpt.keys()) if config.family == "gpt2" else ""
@@ -286,7 +288,7 @@ def random_model(config: ModelConfig, *, seed: int = 0, device: str = "cpu", dty
     No files, no tokenizer: for tests and benchmarks. Larger scale -> peakier logits.
     """
     xp, dev = get_backend(device)
-    dt = _compute_dtype(dtype, dev)
+    dt = _compute_dtype(dtype)
     rng = np.random.default_rng(seed)
     prefix = "transformer." if config.family == "gpt2" else ""
     tensors = {}

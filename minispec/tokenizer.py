@@ -47,9 +47,12 @@ class Tokenizer:
 
     def post_processor_bos(self) -> int | None:
         """The id the tokenizer's own post-processor puts in front of a text, if any."""
-        plain = self.tok.encode("a", add_special_tokens=False).ids
-        special = self.tok.encode("a", add_special_tokens=True).ids
-        if len(special) == len(plain) + 1 and special[1:] == plain:
+        try:
+            plain = self.tok.encode("a", add_special_tokens=False).ids
+            special = self.tok.encode("a", add_special_tokens=True).ids
+        except Exception:  # noqa: BLE001 - e.g. a word-level vocabulary without "a" or [UNK]
+            plain, special = [], self.tok.encode("", add_special_tokens=True).ids
+        if len(special) > len(plain) and special[1:1 + len(plain)] == plain:
             return special[0]
         return None
 

@@ -30,6 +30,15 @@ def test_round_trip_f32(tmp_path, family, tied, device):
     np.testing.assert_array_equal(loaded.logits(TOKENS), m.logits(TOKENS))
 
 
+def test_loaded_weights_do_not_depend_on_the_file(tmp_path):
+    m = _saved(tmp_path)
+    loaded = load(tmp_path, device="cpu")
+    before = loaded.logits(TOKENS)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # the file is gone; the model is not
+    np.testing.assert_array_equal(loaded.logits(TOKENS), before)
+    assert loaded.weights["embed"].flags.writeable and before.shape == (7, m.vocab_size)
+
+
 def test_tied_checkpoint_has_no_lm_head(tmp_path):
     m = random_model(tiny_config(tie_word_embeddings=True))
     assert "lm_head.weight" not in _to_hf_tensors(m)
