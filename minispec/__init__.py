@@ -1,0 +1,47 @@
+"""minispec: speculative decoding written out from scratch in NumPy (CPU) and CuPy (NVIDIA GPU).
+
+A small draft proposes gamma tokens, the target checks them all in one forward pass, and
+`verify` keeps each draft x with probability min(1, p(x)/q(x)), resampling the first rejected one
+from norm(max(0, p - q)): the output follows the target's distribution exactly (Leviathan et al.
+2023; Chen et al. 2023).
+
+    import minispec
+    target, draft = minispec.load("weights/target"), minispec.load("weights/draft")
+    ids = target.tokenizer.encode("def fib(n):")
+    out = minispec.speculative_generate(target, draft, ids, max_new_tokens=64, temperature=0)
+    print(target.tokenizer.decode(out.tokens), out.stats.acceptance_rate)
+"""
+
+from .config import ModelConfig
+from .drafters import Drafter, ModelDrafter
+from .errors import MinispecError
+from .loader import load, random_model
+from .model import KVCache, Model
+from .sampling import sample, warp
+from .speculative import (
+    GenerationResult,
+    Stats,
+    autoregressive_generate,
+    speculative_generate,
+    verify,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Drafter",
+    "GenerationResult",
+    "KVCache",
+    "MinispecError",
+    "Model",
+    "ModelConfig",
+    "ModelDrafter",
+    "Stats",
+    "autoregressive_generate",
+    "load",
+    "random_model",
+    "sample",
+    "speculative_generate",
+    "verify",
+    "warp",
+]
