@@ -2,7 +2,8 @@
 
 Leviathan et al. 2023 draft with a smaller model M_q (section 2.3) and note that any cheaper
 approximation works, down to trivial n-gram models; speculative sampling is lossless for every
-drafter, provided it reports q, the exact distribution each draft token was drawn from. A drafter that always proposes the same token given its context reports a one-hot q.
+drafter, provided it reports q, the exact distribution each draft token was drawn from. A
+drafter that always proposes the same token given its context reports a one-hot q.
 
 `speculative_generate` drives a drafter in rounds:
     start(prompt_ids)                                 once per generation

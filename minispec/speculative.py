@@ -177,8 +177,9 @@ def speculative_generate(
     gamma: draft tokens per round (>= 1). The other arguments are autoregressive_generate's.
     """
     if is_model(drafter):
-        check_vocabularies(target, drafter)
         drafter = ModelDrafter(drafter)
+    if isinstance(drafter, ModelDrafter):
+        check_vocabularies(target, drafter.model)
     elif not all(hasattr(drafter, a) for a in ("start", "propose", "accept")):
         raise MinispecError(
             f"drafter: expected a Model or a Drafter (start/propose/accept), "

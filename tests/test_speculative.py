@@ -1,4 +1,7 @@
-"""Tests for minispec/speculative.py: verify() on arrays, then the generation loops on tiny models."""
+"""Tests for minispec/speculative.py: verify() on arrays, then the generation loops on tiny models.
+
+ModelDrafter (minispec/drafters.py) is tested here too, inside the loop it serves.
+"""
 
 from pathlib import Path
 
@@ -617,3 +620,10 @@ def test_greedy_speculative_equals_autoregressive_on_the_gpu():
         for _ in range(2)
     )
     assert a.tokens == b.tokens
+
+
+def test_a_model_drafter_given_directly_is_checked_too():
+    with pytest.raises(MinispecError, match="vocab_size"):
+        speculative_generate(
+            tiny(vocab_size=32), ModelDrafter(TARGET), [1, 2], max_new_tokens=5, **GREEDY
+        )
