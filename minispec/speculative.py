@@ -76,6 +76,7 @@ class Round:
     token: int  # the target's own token: the correction, or the bonus if all were accepted
     kind: str  # "correction" | "bonus" ("bonus" too when nothing was drafted)
     emitted: list[int]  # added to the output: drafted[:accepted] + [token], cut after an EOS
+    gamma: int = 0  # the drafts asked for this round (the drafter may propose fewer)
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Stats:
     """Counters and timings of one generation (speculative or autoregressive)."""
 
     drafter: str  # the drafter's name ("model", ...), "none" for autoregressive decoding
-    gamma: int  # the requested drafts per round (0 for autoregressive decoding)
+    gamma: int | str  # the requested drafts per round, "auto", or 0 for autoregressive decoding
     new_tokens: int = 0
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens accepted by verify() (before any cut at EOS)
@@ -162,7 +163,7 @@ def speculative_generate(
     drafter,
     prompt_ids,
     *,
-    gamma: int = 4,
+    gamma: int | str = 4,
     max_new_tokens: int,
     temperature: float,
     top_k: int = 0,
@@ -174,7 +175,8 @@ def speculative_generate(
     (token for token when temperature is 0), with fewer target calls.
 
     drafter: a Model sharing the target's tokenizer (wrapped in a ModelDrafter) or any Drafter.
-    gamma: draft tokens per round (>= 1). The other arguments are autoregressive_generate's.
+    gamma: draft tokens per round (>= 1), or "auto" to adapt it as it goes (`next_gamma`).
+    The other arguments are autoregressive_generate's.
     """
     if is_model(drafter):
         drafter = ModelDrafter(drafter)
@@ -185,10 +187,10 @@ def speculative_generate(
             f"drafter: expected a Model or a Drafter (start/propose/accept), "
             f"got {type(drafter).__name__}"
         )
-    if gamma == "auto":
-        raise MinispecError("gamma='auto' is not implemented yet; pass an integer >= 1")
-    if isinstance(gamma, bool) or not isinstance(gamma, Integral) or gamma < 1:
-        raise MinispecError(f"gamma: expected an integer >= 1, got {gamma!r}")
+    if gamma != "auto" and (
+        isinstance(gamma, bool) or not isinstance(gamma, Integral) or gamma < 1
+    ):
+        raise MinispecError(f"gamma: expected an integer >= 1 or 'auto', got {gamma!r}")
     prompt, max_new, eos = _check_request(
         target, drafter, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed
     )
@@ -202,6 +204,24 @@ def _round_gamma(gamma: int, remaining: int) -> int:
     return min(gamma, remaining - 1)
 
 
+AUTO_GAMMA_START = 5  # Hugging Face's num_assistant_tokens default for its "heuristic" schedule
+AUTO_GAMMA_MAX = 16  # our cap (HF has none): a long run of full acceptances stops here
+
+
+def next_gamma(gamma: int, drafted: int, accepted: int) -> int:
+    """gamma="auto": the next round's gamma after a round that drafted and accepted so many.
+
+    Hugging Face's "heuristic" schedule for num_assistant_tokens: start at AUTO_GAMMA_START; +2
+    after a round whose drafts were all accepted, -1 after a rejection; here also kept within
+    1..AUTO_GAMMA_MAX, and a round with no drafts (nothing to learn from) changes nothing.
+    gamma depends only on rounds already verified, so the output stays exact: every round's
+    tokens are distributed as the target's for any gamma.
+    """
+    if drafted == 0:
+        return gamma
+    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == drafted else max(gamma - 1, 1)
+
+
 def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p, eos, seed):
     """The loop both generate functions share; drafter None is autoregressive decoding."""
     start = time.perf_counter()
@@ -212,17 +232,21 @@ def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p
         return warp(logits[..., :V], temperature, top_k, top_p)
 
     stats = Stats(drafter="none" if drafter is None else drafter.name, gamma=gamma)
+    gamma = AUTO_GAMMA_START if gamma == "auto" else gamma  # "auto": next_gamma adapts it
     context = list(prompt)
     tokens: list[int] = []
     stop_reason = "length"
     # The target's cache holds every context token but the last, which each round feeds again in
     # front of the drafts: their logits are p_0..p_g.
     cache = target.new_cache(len(prompt) + max_new)
+    forward = target.forward  # the verify call
     if drafter is not None:
         drafter.start(list(prompt))
+        if hasattr(drafter, "share_cache"):  # made of the target's layers: drafts in its cache
+            forward = drafter.share_cache(cache)  # and verifies without redoing that work
     no_drafts, no_q = np.empty(0, dtype=np.int64), np.empty((0, V))
     while len(tokens) < max_new:
-        g = _round_gamma(gamma, max_new - len(tokens)) if drafter is not None else 0
+        asked = g = _round_gamma(gamma, max_new - len(tokens)) if drafter is not None else 0
         t0 = time.perf_counter()
         drafts, q = drafter.propose(context, g, warp_fn, rng) if g > 0 else (no_drafts, no_q)
         drafts, q = np.asarray(drafts, dtype=np.int64), np.asarray(q, dtype=np.float64)
@@ -232,7 +256,7 @@ def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p
             q = np.pad(q, ((0, 0), (0, V - q.shape[1])))
         t1 = time.perf_counter()
         g = len(drafts)
-        logits = target.forward(context[cache.length :] + drafts.tolist(), cache)  # [T, V_target]
+        logits = forward(context[cache.length :] + drafts.tolist(), cache)  # [T, V_target]
         p = warp_fn(logits[-(g + 1) :])  # [g+1, V]: only the rows verify() reads
         emitted = verify(p, q, drafts, rng).tolist()
         cache.rollback(len(context) + len(emitted) - 1)  # keep last + the accepted drafts
@@ -245,6 +269,7 @@ def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p
             token=emitted[-1],
             kind="bonus" if accepted == g else "correction",
             emitted=emitted,
+            gamma=asked,
         )
         for i, t in enumerate(emitted):
             if t in eos:  # tokens after EOS are dropped, EOS itself is kept
@@ -259,6 +284,8 @@ def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p
         stats.target_calls += 1
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
+        if stats.gamma == "auto":
+            gamma = next_gamma(gamma, g, accepted)
         if stop_reason == "eos":
             break
         if drafter is not None:
