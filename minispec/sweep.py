@@ -1,0 +1,312 @@
+"""`minispec sweep`: measured speedup against gamma, beside what Theorem 3.8 predicts.
+
+For gamma = 1..8 the sweep runs speculative decoding over a prompt set and measures the
+acceptance, the tokens each target call yields and the wall-clock speedup over autoregressive
+decoding of the same prompts; from the measured alpha and cost ratio c it prints the speedup
+Leviathan et al. 2023 (Theorem 3.8) predict, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)),
+and recommends the gamma that was fastest.
+
+    minispec sweep                                   # the pair and prompts shipped in weights/
+    minispec sweep --drafter ngram --max-new-tokens 32 --plot sweep.png
+    minispec sweep --target DIR --draft DIR --prompts prompts.json --json
+
+What is measured, and how:
+  alpha     accepted / (accepted + rejections): Leviathan et al.'s per-token acceptance
+            probability. Drafts after a round's first rejection are never tested, so the
+            acceptance rate accepted / drafted (column "accept") understates it for gamma > 1.
+  c         draft step / target step, each a one-token forward on a warm cache (median of
+            repeats, bench.time_decode_step); for the early-exit drafter the step is the target's
+            first k layers and its head. The n-gram drafter has no forward call: its c is the
+            lookup's measured seconds per round / gamma / target step, so gamma c + 1 is still a
+            round's cost in target steps.
+  speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings.
+The theorem assumes a verify call of gamma+1 tokens costs one decode step, and that every round
+drafts gamma tokens (the n-gram drafter drafts none when nothing matches, so there it is an upper
+bound). Numbers come from one process; BLAS threads are pinned (--threads, default 1) because
+multi-threaded BLAS makes decode-sized matmuls slow on a small, shared CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import bench
+from .drafters import DRAFTERS, default_exit_layer, make_drafter
+from .errors import MinispecError
+from .speculative import autoregressive_generate, speculative_generate
+
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+GAMMAS = tuple(range(1, 9))
+
+
+class EarlyExitStep:
+    """The early-exit drafter's step as a model for bench.time_decode_step: the target's first
+    k layers, then its final norm and head, on the target's own cache."""
+
+    def __init__(self, target, k: int) -> None:
+        self.target, self.k = target, k
+        self.vocab_size, self.device, self.xp = target.vocab_size, target.device, target.xp
+
+    def new_cache(self, max_len: int | None = None):
+        return self.target.new_cache(max_len)
+
+    def forward(self, tokens, cache):
+        t, pos = self.target, cache.length
+        h = t.run_layers(t.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
+        cache.length = pos + h.shape[0]
+        return t.head(h[-1:])  # [1, V]: the row a draft is sampled from
+
+
+def per_token_alpha(results) -> float:
+    """accepted / (accepted + rejections) over every round of `results` (GenerationResults);
+    1.0 when nothing was rejected, 0.0 when nothing was drafted."""
+    rounds = [r for res in results for r in res.stats.rounds if r.drafted]
+    accepted = sum(r.accepted for r in rounds)
+    rejections = sum(r.accepted < len(r.drafted) for r in rounds)
+    return accepted / (accepted + rejections) if rounds else 0.0
+
+
+def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=None,
+          exit_layer: int | None = None, gammas: Sequence[int] = GAMMAS,
+          temperature: float = 0.0, max_new_tokens: int = 64, repeats: int = 1, seed: int = 0,
+          eos_token_id=None) -> dict:
+    """Measure autoregressive decoding once and speculative decoding at each gamma.
+
+    drafter: "model" (needs draft_model) | "ngram" | "early-exit"; prompts: token id lists.
+    repeats: timed passes over the prompts (the median counts). Returns a JSON-ready dict:
+    settings, "autoregressive" (seconds, tokens/s), the step costs and c, one row per gamma
+    (alpha, acceptance_rate, tokens_per_target_call, c, speedup, predicted_speedup, ...), and
+    "recommended_gamma", the fastest measured.
+    """
+    if not prompts:
+        raise MinispecError("prompts: the sweep needs at least one prompt")
+    if exit_layer is None and drafter == "early-exit":
+        exit_layer = default_exit_layer(target)
+    make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)  # check early
+    kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+          "eos_token_id": eos_token_id}
+
+    autoregressive_generate(target, prompts[0], **{**kw, "max_new_tokens": 4})  # warm up
+    ar = bench.time_generation(lambda p: autoregressive_generate(target, p, **kw), prompts,
+                               repeats=repeats, warmup=0)
+    context = min(64, target.config.max_position_embeddings // 2)
+    target_step = bench.time_decode_step(target, 1, context)
+    draft_step = None
+    if drafter == "model":
+        draft_step = bench.time_decode_step(draft_model, 1, context)
+    elif drafter == "early-exit":
+        draft_step = bench.time_decode_step(EarlyExitStep(target, exit_layer), 1, context)
+
+    rows = []
+    for gamma in gammas:
+        d = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
+        sp = bench.time_generation(
+            lambda p, d=d, g=gamma: speculative_generate(target, d, p, gamma=g, **kw),
+            prompts, repeats=repeats, warmup=0)
+        results = sp["results"]
+        drafted = sum(r.stats.drafted for r in results)
+        calls = sum(r.stats.target_calls for r in results)
+        if draft_step is not None:
+            c = draft_step / target_step
+        else:  # n-gram: measured lookup seconds per round, spread over the gamma it may draft
+            c = sum(r.stats.draft_seconds for r in results) / calls / gamma / target_step
+        alpha = per_token_alpha(results)
+        rows.append({
+            "gamma": gamma,
+            "acceptance_rate": sum(r.stats.accepted for r in results) / drafted if drafted
+            else 0.0,
+            "alpha": alpha,
+            "tokens_per_target_call": sp["new_tokens"] / calls,
+            "c": c,
+            "seconds": sp["seconds"],
+            "tokens_per_second": sp["tokens_per_second"],
+            "speedup": sp["tokens_per_second"] / ar["tokens_per_second"],
+            "predicted_speedup": bench.predicted_speedup(alpha, gamma, c),
+            "identical_to_autoregressive": sum(
+                a.tokens == b.tokens for a, b in zip(results, ar["results"])),
+        })
+    best = max(rows, key=lambda r: r["speedup"])
+    return {
+        "settings": {"drafter": drafter, "exit_layer": exit_layer if drafter == "early-exit"
+                     else None, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+                     "temperature": temperature, "repeats": repeats, "seed": seed},
+        "autoregressive": {"seconds": ar["seconds"], "new_tokens": ar["new_tokens"],
+                           "tokens_per_second": ar["tokens_per_second"]},
+        "target_step_s": target_step,
+        "draft_step_s": draft_step,
+        "step_context": context,
+        "rows": rows,
+        "recommended_gamma": best["gamma"],
+    }
+
+
+def format_table(report: dict) -> str:
+    """The sweep as a table for people, with the recommendation under it."""
+    s, ar, ms = report["settings"], report["autoregressive"], 1e3
+    steps = f"target step {report['target_step_s'] * ms:.2f} ms"
+    if report["draft_step_s"] is not None:
+        steps += f", draft step {report['draft_step_s'] * ms:.2f} ms"
+    header = (f"{'gamma':>5} {'accept':>7} {'alpha':>6} {'tok/call':>9} {'c':>7} "
+              f"{'speedup':>8} {'predicted':>10}")
+    first = (f"autoregressive: {ar['new_tokens']} tokens in {ar['seconds']:.2f} s, "
+             f"{ar['tokens_per_second']:.1f} tok/s; {steps} (one token, warm cache of "
+             f"{report['step_context']} positions)")
+    lines = [first, "", header]
+    for r in report["rows"]:
+        lines.append(f"{r['gamma']:>5} {r['acceptance_rate']:>7.3f} {r['alpha']:>6.3f} "
+                     f"{r['tokens_per_target_call']:>9.2f} {r['c']:>7.4f} {r['speedup']:>7.2f}x "
+                     f"{r['predicted_speedup']:>9.2f}x")
+    best = next(r for r in report["rows"] if r["gamma"] == report["recommended_gamma"])
+    lines.append("")
+    lines.append(f"recommended gamma: {best['gamma']} (fastest measured: {best['speedup']:.2f}x "
+                 f"over autoregressive; Theorem 3.8 predicted {best['predicted_speedup']:.2f}x)")
+    if s["temperature"] == 0:
+        same = [r["identical_to_autoregressive"] for r in report["rows"]]
+        lines.append(f"greedy outputs identical to autoregressive: {s['prompts']}/{s['prompts']} "
+                     f"prompts at every gamma" if min(same) == s["prompts"] else
+                     f"WARNING: greedy outputs differ from autoregressive: {same}")
+    lines.append("alpha = accepted / (accepted + rejections); accept = accepted / drafted; "
+                 "predicted = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> str:
+    """Measured and predicted speedup against gamma, written to `path`; a note if no matplotlib."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"--plot: matplotlib is not installed, {path} not written"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    gammas = [r["gamma"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured")
+    ax.plot(gammas, [r["predicted_speedup"] for r in rows], "s--", label="Theorem 3.8")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("gamma (draft tokens per round)")
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title(f"{report['settings']['drafter']} drafter, "
+                 f"temperature {report['settings']['temperature']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `minispec sweep` command line."""
+    ap = argparse.ArgumentParser(
+        prog="minispec sweep",
+        description="Speculative decoding at gamma = 1..8: measured speedup beside Theorem "
+        "3.8's prediction from the measured alpha and c, and the best gamma.")
+    ap.add_argument("--target", type=Path, default=None,
+                    help=f"target directory (default {SHIPPED / 'target'})")
+    ap.add_argument("--draft", type=Path, default=None,
+                    help=f"draft directory for --drafter model (default {SHIPPED / 'draft'})")
+    ap.add_argument("--prompts", type=Path, default=None,
+                    help=f"prompt file, prompts.json format or one per line "
+                    f"(default {SHIPPED / 'prompts.json'})")
+    ap.add_argument("--num-prompts", type=int, default=10, help="first N prompts (0 = all)")
+    ap.add_argument("--drafter", choices=DRAFTERS, default="model")
+    ap.add_argument("--exit-layer", type=int, default=None,
+                    help="layers the early-exit drafter runs (default: a quarter)")
+    ap.add_argument("--gammas", default="1-8", help="gammas to try: 1-8 or a list 1,2,4")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes per setting (median)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--plot", metavar="PNG", default=None,
+                    help="draw measured and predicted speedup against gamma (needs matplotlib)")
+    return ap
+
+
+def parse_gammas(text: str) -> list[int]:
+    """'1-8' or '1,2,4' -> the list of gammas (each >= 1)."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            gammas = list(range(lo, hi + 1))
+        else:
+            gammas = [int(x) for x in text.split(",")]
+    except ValueError:
+        gammas = []
+    if not gammas or min(gammas) < 1:
+        raise MinispecError(f"--gammas: expected a range like 1-8 or a list like 1,2,4 of "
+                            f"integers >= 1, got {text!r}")
+    return gammas
+
+
+def _paths(args) -> tuple[Path, Path | None, Path]:
+    """target, draft (None unless the model drafter) and prompt paths; MinispecError naming the
+    flag to pass when a default from weights/ is not there."""
+    def pick(given: Path | None, default: Path, flag: str) -> Path:
+        path = given if given is not None else default
+        if not path.exists():
+            hint = "" if given is not None else f" (the default; weights/ has no {default.name})"
+            raise MinispecError(f"{flag}: {path} does not exist{hint}; pass {flag} PATH")
+        return path
+
+    target = pick(args.target, SHIPPED / "target", "--target")
+    draft = pick(args.draft, SHIPPED / "draft", "--draft") if args.drafter == "model" else None
+    return target, draft, pick(args.prompts, SHIPPED / "prompts.json", "--prompts")
+
+
+def blas_control() -> str:
+    """How the BLAS thread count is set: threadpoolctl if installed, else OpenBLAS via ctypes."""
+    if importlib.util.find_spec("threadpoolctl") is not None:
+        return "threadpoolctl"
+    return "OpenBLAS through ctypes"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sweep from the command line; 0 on success (errors: MinispecError, to the CLI)."""
+    args = build_parser().parse_args(argv)
+    from .loader import load
+
+    gammas = parse_gammas(args.gammas)
+    target_dir, draft_dir, prompt_file = _paths(args)
+    start = time.perf_counter()
+    with bench.blas_threads(args.threads) as threads:
+        target = load(target_dir, device=args.device)
+        draft = load(draft_dir, device=args.device) if draft_dir is not None else None
+        texts = bench.load_prompts(prompt_file, args.num_prompts or None)
+        prompts = bench.encode_prompts(texts, target.tokenizer)
+        report = sweep(target, args.drafter, prompts, draft_model=draft,
+                       exit_layer=args.exit_layer, gammas=gammas,
+                       temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                       repeats=args.repeats, seed=args.seed,
+                       eos_token_id=target.config.eos_token_id)
+    report["settings"].update(target=str(target_dir), draft=None if draft_dir is None
+                              else str(draft_dir), prompt_file=str(prompt_file),
+                              device=target.device,
+                              blas_threads=threads, blas_control=blas_control(),
+                              seconds=time.perf_counter() - start)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        s = report["settings"]
+        drafter = {"model": f"model ({draft_dir})", "ngram": "ngram (prompt lookup, max_n 3)",
+                   "early-exit": f"early-exit (first {s['exit_layer']} of "
+                   f"{target.n_layers} layers)"}[args.drafter]
+        blas = (f"{threads} ({s['blas_control']})" if threads is not None
+                else "unknown (the BLAS could not be controlled)")
+        print(f"minispec sweep: target {target_dir}, drafter {drafter}, {len(prompts)} prompts "
+              f"from {prompt_file}, {args.max_new_tokens} new tokens, temperature "
+              f"{args.temperature}, {target.device}, BLAS threads {blas}")
+        print(format_table(report))
+        print(f"({s['seconds']:.1f} s)")
+    if args.plot:  # after --json, the note goes to stderr: stdout stays valid JSON
+        print(plot(report, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return 0
