@@ -20,8 +20,11 @@ whole run, 1 thread by default, and reports the thread count in its header.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
+import importlib.metadata
+import importlib.util
 import json
 import statistics
 import time
@@ -68,11 +71,12 @@ def predicted_speedup_measured_verify(alpha: float, gamma: int, c: float, verify
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
 
 
-def _check_alpha_gamma(alpha: float, gamma: int) -> None:
+def _check_alpha_gamma(alpha: float, gamma: float) -> None:
+    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
     if not 0.0 <= alpha <= 1.0:
         raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 0:
-        raise MinispecError(f"gamma: expected an integer >= 0, got {gamma!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
+        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,19 +281,22 @@ def time_generation(generate: Callable[[list[int]], object], prompts: Sequence[l
 # the memory-bound floor
 
 
-def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
-    """Memory bandwidth in bytes/s from a large NumPy copy: bytes read / median seconds.
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
+    """Memory bandwidth in bytes/s from copying an nbytes array: bytes read / median seconds.
 
-    Convention: a copy of n bytes reads n and writes n; we count the n bytes read, which is what a
-    decode step does with its weights (reads them once, writes little).
+    Convention: a copy of n bytes reads n and writes n; we count the n bytes read (= bytes moved
+    / 2), which is what a decode step does with its weights: it reads them once and writes little.
+    Whether this is DRAM or cache bandwidth depends on nbytes against the cache sizes.
     """
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in before timing
+    src = xp.ones(max(nbytes // 4, 1), dtype=np.float32)
+    dst = xp.empty_like(src)
+    dst[...] = src  # fault the pages in before timing
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        np.copyto(dst, src)
+        dst[...] = src
+        if xp is not np:
+            xp.cuda.Device().synchronize()
         times.append(time.perf_counter() - t0)
     return src.nbytes / median(times)
 
@@ -314,3 +321,467 @@ def memory_floor(model, bandwidth: float) -> dict[str, float]:
     nbytes = decode_weight_bytes(model)
     floor_s = nbytes / bandwidth
     return {"weight_bytes": nbytes, "floor_step_s": floor_s, "floor_tokens_per_s": 1.0 / floor_s}
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+
+
+def machine_info() -> dict:
+    """CPU model, cores, load average and library versions, for the report header."""
+    import os
+    import platform
+
+    from . import __version__
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    blas = "unknown"
+    with contextlib.suppress(Exception):
+        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{info.get('name')} {info.get('version')}"
+    info = {"cpu": cpu, "cores": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
+            else None,
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas,
+            "minispec": __version__}
+    for name in ("torch", "transformers"):  # versions without importing them
+        with contextlib.suppress(Exception):
+            info[name] = importlib.metadata.version(name)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark: `minispec bench`
+
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `minispec bench` command line."""
+    ap = argparse.ArgumentParser(
+        prog="minispec bench",
+        description="Autoregressive vs speculative decoding on a prompt set: speed, acceptance, "
+        "cost ratio, verify-cost curve, Theorem 3.8's prediction, the memory-bound floor, and "
+        "Hugging Face transformers on the same pair.",
+    )
+    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
+    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
+    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
+                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--num-prompts", type=int, default=20, help="first N prompts (0 = all)")
+    ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="BLAS threads for numpy (and torch) during the run (default 1)")
+    ap.add_argument("--hf", choices=["auto", "on", "off"], default="auto",
+                    help="also run transformers' generate and assisted generation "
+                    "(auto: when torch and transformers are installed)")
+    ap.add_argument("--quick", action="store_true", help="a tiny budget, for tests")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    return ap
+
+
+def synthetic_prompts(vocab_size: int, n: int, length: int = 32, seed: int = 0
+                      ) -> list[list[int]]:
+    """n prompts of random token ids, for models without a tokenizer (random test models)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, length).tolist() for _ in range(n)]
+
+
+def _sum_stats(results) -> dict:
+    """Counters summed over one pass's GenerationResults, plus rejections (rounds that ended in a
+    correction after drafting), which the per-token alpha estimate needs."""
+    keys = ("new_tokens", "drafted", "accepted", "target_calls", "draft_calls", "draft_seconds",
+            "verify_seconds", "total_seconds")
+    total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
+    total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
+                              if rd.drafted and rd.accepted < len(rd.drafted))
+    total["rounds_with_drafts"] = sum(1 for r in results for rd in r.stats.rounds if rd.drafted)
+    return total
+
+
+def per_token_alpha(accepted: int, rejections: int) -> float:
+    """alpha of Leviathan et al. (the probability that a draft token is accepted, modelled as the
+    same for every token), estimated as accepted / tested: drafts after a round's first rejection
+    are never tested, so accepted / drafted would understate it."""
+    tested = accepted + rejections
+    return accepted / tested if tested else 0.0
+
+
+class _HFResult:
+    """What the timing helpers need from a generation: the new tokens."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = tokens
+
+
+def _hf_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
+
+
+def _hf_setup(args, threads: int):
+    """Load the pair into transformers (float32, like minispec's CPU compute dtype)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(threads)
+    dev = "cuda" if args.device == "gpu" else "cpu"
+
+    def load(path):
+        try:
+            m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except TypeError:  # transformers < 4.56 spells it torch_dtype
+            m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        return m.to(dev).eval()
+
+    return torch, load
+
+
+def _hf_generator(torch, model, *, max_new, temperature, eos, assistant=None):
+    """generate(ids) -> _HFResult with transformers' model.generate (assisted if assistant)."""
+    kw = {"max_new_tokens": max_new, "do_sample": temperature > 0, "eos_token_id": eos,
+              "pad_token_id": eos[0] if eos else 0}
+    if temperature > 0:
+        kw.update(temperature=temperature, top_k=0, top_p=1.0)
+
+    def generate(ids: list[int]) -> _HFResult:
+        x = torch.tensor([ids], device=model.device)
+        torch.manual_seed(0)
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), assistant_model=assistant,
+                                 **kw)
+        return _HFResult(out[0, len(ids):].tolist())
+
+    return generate
+
+
+def _agreement(a: list, b: list) -> dict:
+    """How many token lists of a match b exactly, and where the others first differ."""
+    diffs = []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            at = next((j for j, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+            diffs.append({"prompt": i, "first_difference_at": at})
+    return {"identical": len(a) - len(diffs), "total": len(a), "differences": diffs}
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the benchmark described by parsed `args`; the report as a JSON-ready dict."""
+    from .loader import load
+    from .speculative import autoregressive_generate, speculative_generate
+
+    if args.quick:
+        args.num_prompts, args.max_new_tokens, args.repeats = 2, 8, 1
+    step_repeats, copy_big = (3, 16 * 2**20) if args.quick else (30, 1024 * 2**20)
+    gamma = "auto" if args.gamma == "auto" else int(args.gamma)
+    use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
+    if args.hf == "on" and not _hf_available():
+        raise MinispecError("--hf on: needs torch and transformers installed")
+
+    target = load(args.target, device=args.device)
+    draft = load(args.draft, device=args.device)
+    if target.tokenizer is not None and args.prompts.exists():
+        texts = load_prompts(args.prompts, args.num_prompts or None)
+        prompts, prompt_source = encode_prompts(texts, target.tokenizer), str(args.prompts)
+    elif target.tokenizer is None:
+        prompts = synthetic_prompts(min(target.vocab_size, draft.vocab_size),
+                                    args.num_prompts or 20)
+        prompt_source = "synthetic (random ids: the target has no tokenizer)"
+    else:
+        raise MinispecError(f"--prompts: {args.prompts} does not exist")
+    eos = list(target.config.eos_token_ids) or None
+    lens = [len(p) for p in prompts]
+    context = int(np.mean(lens)) + args.max_new_tokens // 2  # a typical cache length in the run
+
+    report: dict = {
+        "machine": machine_info(),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "settings": {"target": str(args.target), "draft": str(args.draft),
+                     "prompts": prompt_source, "num_prompts": len(prompts),
+                     "prompt_tokens": [min(lens), max(lens)],
+                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                     "gamma": gamma, "repeats": args.repeats, "warmup": 1,
+                     "device": target.device, "dtype": str(target.dtype),
+                     "blas_threads": None, "torch_threads": None, "hf": use_hf},
+        "models": {name: {"family": m.config.family, "layers": m.n_layers,
+                          "hidden": m.config.hidden_size, "vocab": m.vocab_size,
+                          "weight_bytes": decode_weight_bytes(m)}
+                   for name, m in (("target", target), ("draft", draft))},
+    }
+    cores = report["machine"]["cores"] or 1
+    with blas_threads(args.threads) as n_threads:
+        report["settings"]["blas_threads"] = n_threads
+        report["costs"] = _measure_costs(target, draft, context, step_repeats, copy_big,
+                                         args.threads, cores, args.quick)
+        methods = _methods(args, target, draft, gamma, eos, use_hf, report,
+                           autoregressive_generate, speculative_generate)
+        report["generation"] = _time_methods(methods, prompts, args.repeats)
+    _derive(report, gamma)
+    return report
+
+
+def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, quick) -> dict:
+    """Decode-step costs, c, the verify-cost curve, BLAS threads, bandwidth and the floor."""
+    ks = range(1, 10)
+    costs = {"context": context, "step_repeats": repeats}
+    costs.update(cost_ratio(target, draft, context, repeats))
+    costs["verify_cost"] = {str(k): r for k, r in
+                            verify_cost_curve(target, ks, context, repeats).items()}
+    by_threads = {}
+    for n in sorted({threads, 1, cores}):
+        with blas_threads(n) as actual:
+            if actual is not None or n == threads:
+                by_threads[str(n)] = time_decode_step(target, 1, context, repeats)
+    costs["target_step_s_by_threads"] = by_threads
+    xp = target.xp
+    weight_bytes = decode_weight_bytes(target)
+    costs["bandwidth_weight_sized"] = copy_bandwidth(weight_bytes, 5, xp)
+    costs["bandwidth_large"] = copy_bandwidth(copy_big, 3, xp)
+    costs["bandwidth_large_bytes"] = copy_big
+    costs["floor"] = memory_floor(target, costs["bandwidth_weight_sized"])
+    costs["floor_large"] = memory_floor(target, costs["bandwidth_large"])
+    return costs
+
+
+def _methods(args, target, draft, gamma, eos, use_hf, report, autoregressive, speculative):
+    """{name: generate(ids) -> result} for every method the run compares."""
+    common = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                  "eos_token_id": eos}
+    methods = {
+        "minispec autoregressive":
+            lambda ids: autoregressive(target, ids, seed=0, **common),
+        "minispec speculative":
+            lambda ids: speculative(target, draft, ids, gamma=gamma, seed=0, **common),
+    }
+    if not use_hf:
+        return methods
+    torch, hf_load = _hf_setup(args, args.threads)
+    report["settings"]["torch_threads"] = torch.get_num_threads()
+    hf_target, hf_draft = hf_load(args.target), hf_load(args.draft)
+    kw = {"max_new": args.max_new_tokens, "temperature": args.temperature, "eos": eos}
+    methods["hf generate"] = _hf_generator(torch, hf_target, **kw)
+    if gamma != "auto":  # the same pair, the same gamma, drafting never cut short
+        cfg = hf_draft.generation_config
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
+        cfg.assistant_confidence_threshold = 0.0
+        methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=hf_draft, **kw)
+    if gamma == "auto" or not args.quick:  # transformers' own defaults for assisted generation
+        methods["hf assisted (hf defaults)"] = _hf_generator(
+            torch, hf_target, assistant=hf_load(args.draft), **kw)
+    return methods
+
+
+def _time_methods(methods: dict, prompts, repeats: int) -> dict:
+    """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
+    methods interleaved pass by pass so that a noisy neighbour slows them all alike."""
+    for generate in methods.values():
+        generate(list(prompts[0]))
+    passes: dict[str, list[float]] = {name: [] for name in methods}
+    last: dict[str, list] = {}
+    for _ in range(repeats):
+        for name, generate in methods.items():
+            t0 = time.perf_counter()
+            last[name] = [generate(list(p)) for p in prompts]
+            passes[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, results in last.items():
+        seconds = median(passes[name])
+        new_tokens = sum(len(r.tokens) for r in results)
+        row = {"seconds": seconds, "pass_seconds": passes[name], "new_tokens": new_tokens,
+               "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
+               "outputs": [list(r.tokens) for r in results]}
+        if hasattr(results[0], "stats"):
+            row["stats"] = _sum_stats(results)
+        out[name] = row
+    return out
+
+
+def _derive(report: dict, gamma) -> None:
+    """Add the theory, the comparisons, the agreement checks and the aims to `report`."""
+    gen, costs = report["generation"], report["costs"]
+    ar, sp = gen["minispec autoregressive"], gen["minispec speculative"]
+    st, ar_st = sp["stats"], ar["stats"]
+    alpha = per_token_alpha(st["accepted"], st["rejections"])
+    g = gamma if gamma != "auto" else st["drafted"] / max(st["rounds_with_drafts"], 1)
+    c = costs["c"]
+    speedup = sp["tokens_per_second"] / ar["tokens_per_second"]
+    predicted = predicted_speedup(alpha, g, c)
+    verify_ratio = costs["verify_cost"].get(str(round(g) + 1))
+    refined = (None if verify_ratio is None
+               else predicted_speedup_measured_verify(alpha, g, c, verify_ratio))
+    draft_call_s = st["draft_seconds"] / st["draft_calls"] if st["draft_calls"] else 0.0
+    ar_call_s = ar_st["total_seconds"] / ar_st["target_calls"]
+    report["theory"] = {
+        "alpha": alpha,
+        "acceptance_rate": st["accepted"] / st["drafted"] if st["drafted"] else 0.0,
+        "gamma": g, "c": c,
+        "expected_tokens_per_call": expected_tokens_per_call(alpha, g),
+        "tokens_per_target_call": st["new_tokens"] / st["target_calls"],
+        "speedup": speedup, "predicted_speedup": predicted,
+        "speedup_over_predicted": speedup / predicted,
+        "verify_ratio": verify_ratio, "predicted_speedup_measured_verify": refined,
+        "speedup_over_predicted_measured_verify": None if refined is None else speedup / refined,
+        "c_in_loop": draft_call_s / ar_call_s,
+    }
+    vs_hf = {}
+    for mine, theirs in (("minispec autoregressive", "hf generate"),
+                         ("minispec speculative", "hf assisted"),
+                         ("minispec speculative", "hf assisted (hf defaults)")):
+        if theirs in gen:
+            vs_hf[f"{mine} / {theirs}"] = (gen[mine]["tokens_per_second"]
+                                           / gen[theirs]["tokens_per_second"])
+    report["vs_hf"] = vs_hf
+    agreement = {}
+    if report["settings"]["temperature"] == 0:
+        for a, b in (("minispec speculative", "minispec autoregressive"),
+                     ("hf generate", "minispec autoregressive"),
+                     ("hf assisted", "hf generate"),
+                     ("hf assisted (hf defaults)", "hf generate")):
+            if a in gen and b in gen:
+                agreement[f"{a} vs {b}"] = _agreement(gen[a]["outputs"], gen[b]["outputs"])
+    report["greedy_agreement"] = agreement
+    floor = costs["floor"]
+    ar_step_s = ar["seconds"] / ar["new_tokens"]
+    report["floor"] = {
+        "weight_bytes": floor["weight_bytes"], "bandwidth": costs["bandwidth_weight_sized"],
+        "floor_step_s": floor["floor_step_s"], "floor_tokens_per_second":
+        floor["floor_tokens_per_s"], "autoregressive_step_s": ar_step_s,
+        "autoregressive_fraction_of_floor": floor["floor_step_s"] / ar_step_s,
+        "forward_fraction_of_floor": floor["floor_step_s"] / costs["target_step_s"],
+        "floor_step_s_large_copy": costs["floor_large"]["floor_step_s"],
+    }
+    aims = {
+        "speculative >= 2x autoregressive": (speedup, speedup >= 2.0),
+        "speculative >= 0.9 x Theorem 3.8": (speedup / predicted, speedup / predicted >= 0.9),
+        "autoregressive >= 0.5 x memory floor": (
+            report["floor"]["autoregressive_fraction_of_floor"],
+            report["floor"]["autoregressive_fraction_of_floor"] >= 0.5),
+    }
+    for theirs in ("hf assisted", "hf assisted (hf defaults)"):
+        key = f"minispec speculative / {theirs}"
+        if key in vs_hf:
+            aims[f"speculative >= {theirs}"] = (vs_hf[key], vs_hf[key] >= 1.0)
+    report["aims"] = {k: {"value": v, "met": bool(ok)} for k, (v, ok) in aims.items()}
+
+
+def format_report(report: dict) -> str:
+    """The report as a table for people."""
+    m, s, costs, th = report["machine"], report["settings"], report["costs"], report["theory"]
+    ms = 1e3
+    soft = [f"python {m['python']}", f"numpy {m['numpy']} ({m['blas']})",
+            f"minispec {m['minispec']}"]
+    soft += [f"{k} {m[k]}" for k in ("torch", "transformers") if k in m]
+    load = " ".join(f"{x:.2f}" for x in m["load_average"]) if m.get("load_average") else "?"
+
+    def model_line(name):
+        d = report["models"][name]
+        return (f"{s[name]}  {d['family']} L={d['layers']} D={d['hidden']} V={d['vocab']}, "
+                f"{d['weight_bytes'] / 1e6:.1f} MB of {s['dtype']} weights per decode step")
+
+    lines = [
+        f"minispec bench  {report['date']}",
+        f"machine    {m['cpu']}, {m['cores']} cores, load average {load} at start",
+        f"software   {', '.join(soft)}",
+        f"threads    BLAS {s['blas_threads']} (numpy)"
+        + (f", torch {s['torch_threads']}" if s["torch_threads"] else ""),
+        f"device     {s['device']}, compute dtype {s['dtype']}",
+        f"target     {model_line('target')}",
+        f"draft      {model_line('draft')}",
+        (f"prompts    {s['prompts']}: {s['num_prompts']} prompts of "
+         f"{s['prompt_tokens'][0]}-{s['prompt_tokens'][1]} tokens"),
+        (f"decoding   max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}, "
+         f"gamma {s['gamma']}"),
+        (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
+         f"interleaved), medians"),
+        "",
+        (f"costs (warm cache of {costs['context']} positions, median of {costs['step_repeats']} "
+         "calls)"),
+        f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms",
+        f"  draft decode step   {costs['draft_step_s'] * ms:7.3f} ms",
+        (f"  cost ratio c        {costs['c']:7.3f}   (draft step / target step; in the loop, "
+         f"with warping and sampling: {th['c_in_loop']:.3f})"),
+        "  verify cost t(k)/t(1), k tokens in one target call:",
+        "    k     " + " ".join(f"{k:>5}" for k in costs["verify_cost"]),
+        "    ratio " + " ".join(f"{r:5.2f}" for r in costs["verify_cost"].values()),
+        "  target decode step by BLAS threads: " + ", ".join(
+            f"{n} thread{'s' if n != '1' else ''} {t * ms:.3f} ms"
+            for n, t in costs["target_step_s_by_threads"].items()),
+    ]
+    fl = report["floor"]
+    lines += [
+        (f"  memory floor        {fl['weight_bytes'] / 1e6:.1f} MB of weights / "
+         f"{fl['bandwidth'] / 1e9:.1f} GB/s (copy of a weight-sized array) = "
+         f"{fl['floor_step_s'] * ms:.3f} ms/token ({fl['floor_tokens_per_second']:.0f} tok/s)"),
+        (f"                      (at the {costs['bandwidth_large_bytes'] / 2**20:.0f} MiB copy's "
+         f"{costs['bandwidth_large'] / 1e9:.1f} GB/s: {fl['floor_step_s_large_copy'] * ms:.3f} "
+         "ms/token)"),
+        (f"  autoregressive decoding runs at {fl['autoregressive_fraction_of_floor']:.0%} of the "
+         f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the loop; the bare "
+         f"forward step at {fl['forward_fraction_of_floor']:.0%})"),
+        "",
+        "generation (new tokens only)",
+        (f"  {'method':<28} {'tok/s':>8} {'tokens':>7} {'alpha':>6} {'tok/call':>8} "
+         f"{'speedup':>8}"),
+    ]
+    gen = report["generation"]
+    base = gen["minispec autoregressive"]["tokens_per_second"]
+    for name, row in gen.items():
+        st = row.get("stats")
+        alpha = tok_call = "-"
+        if st and st["drafted"]:
+            alpha = f"{per_token_alpha(st['accepted'], st['rejections']):.3f}"
+        if st:
+            tok_call = f"{st['new_tokens'] / st['target_calls']:.2f}"
+        lines.append(f"  {name:<28} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
+                     f"{alpha:>6} {tok_call:>8} {row['tokens_per_second'] / base:7.2f}x")
+    for key, ratio in report["vs_hf"].items():
+        lines.append(f"  {key}: {ratio:.2f}x")
+    lines += [
+        "",
+        "theory (Leviathan et al. 2023, Theorem 3.8)",
+        (f"  alpha (accepted / tested drafts) {th['alpha']:.3f}   (accepted / drafted "
+         f"{th['acceptance_rate']:.3f}: drafts after a rejection are never tested)"),
+        (f"  tokens per target call: Equation 1 predicts {th['expected_tokens_per_call']:.2f}, "
+         f"measured {th['tokens_per_target_call']:.2f}"),
+        (f"  predicted speedup (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1)) with g = "
+         f"{th['gamma']:.3g}, c = {th['c']:.3f}: {th['predicted_speedup']:.2f}x"),
+        (f"  measured speedup {th['speedup']:.2f}x = {th['speedup_over_predicted']:.2f} of "
+         "the prediction"),
+    ]
+    if th["verify_ratio"] is not None:
+        lines.append(
+            f"  with the verify call's measured cost t({round(th['gamma']) + 1})/t(1) = "
+            f"{th['verify_ratio']:.2f} in place of 1: predicted "
+            f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
+            f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
+    if report["greedy_agreement"]:
+        lines += ["", "greedy outputs"]
+        for key, a in report["greedy_agreement"].items():
+            where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
+                              for d in a["differences"][:5])
+            lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
+                         + (f" (differ: {where})" if where else ""))
+    lines += ["", "aims"]
+    for key, a in report["aims"].items():
+        lines.append(f"  [{'met' if a['met'] else 'NOT met':>7}] {key}: {a['value']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
+    args = build_parser().parse_args(argv)
+    report = run(args)
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(format_report(report))
+    return 0
