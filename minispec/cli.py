@@ -1,0 +1,289 @@
+"""Command line: generate with speculative decoding, compare with plain decoding, trace each round.
+
+    python -m minispec --prompt "def parse(" --compare --trace
+    python -m minispec                       # interactive prompt with /slash commands
+    python -m minispec bench | sweep ...     # benchmarks (minispec/bench.py, minispec/sweep.py)
+
+With no --target/--draft it runs the pair shipped in weights/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import MinispecError
+
+SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+GREEN, RED, CYAN, YELLOW, DIM, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[2m", "\033[0m"
+
+HELP = """commands:
+  /gamma N        draft length (or /gamma auto)
+  /temperature X  0 is greedy
+  /top_k N        0 is off
+  /top_p X        1 is off
+  /length N       max new tokens
+  /drafter NAME   model | ngram | early-exit
+  /speculative    toggle speculative / plain autoregressive decoding
+  /trace          toggle the per-round trace
+  /help           this text
+  /quit           leave (also Ctrl-D)"""
+
+
+@dataclass
+class Settings:
+    """What the interactive prompt can change between generations."""
+
+    gamma: int | str = 4
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int | None = 0
+    speculative: bool = True
+    trace: bool = False
+    drafter: str = "model"
+    exit_layer: int | None = None
+
+
+def shipped_pair() -> tuple[Path, Path]:
+    """Paths of the target and draft shipped in weights/."""
+    return SHIPPED / "target", SHIPPED / "draft"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="minispec",
+        description="Speculative decoding from scratch (NumPy/CuPy). "
+        "Subcommands: `minispec bench -h`, `minispec sweep -h`.",
+    )
+    target, draft = shipped_pair()
+    ap.add_argument("--target", type=Path, default=target, help="target model directory (HF layout)")
+    ap.add_argument("--draft", type=Path, default=None,
+                    help=f"draft model directory (default {draft} with the shipped target)")
+    ap.add_argument("--drafter", choices=["model", "ngram", "early-exit"], default="model",
+                    help="what proposes the drafts")
+    ap.add_argument("--exit-layer", type=int, default=None,
+                    help="layers of the target the early-exit drafter runs (default: a quarter)")
+    ap.add_argument("--prompt", default=None, help="prompt text; without it, an interactive prompt")
+    ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    ap.add_argument("--compare", action="store_true",
+                    help="also decode autoregressively and print the speedup")
+    ap.add_argument("--trace", action="store_true",
+                    help="show each round: accepted (green), rejected (red), correction or bonus")
+    ap.add_argument("--no-color", action="store_true", help="plain-text trace markers")
+    return ap
+
+
+def parse_gamma(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise MinispecError(f"gamma: expected a positive integer or 'auto', got {text!r}") from None
+
+
+class Session:
+    """A loaded target and drafter plus the current settings: what one generation needs."""
+
+    def __init__(self, args: argparse.Namespace):
+        from .drafters import make_drafter
+        from .loader import load
+
+        self.args = args
+        self.target = load(args.target, device=args.device)
+        if self.target.tokenizer is None:
+            raise MinispecError(f"{args.target}: no tokenizer.json, so the CLI cannot encode text")
+        draft_dir = args.draft
+        if draft_dir is None and args.drafter == "model":
+            if args.target.resolve() != shipped_pair()[0].resolve():
+                raise MinispecError("--draft: give a draft model directory for this --target "
+                                    "(or use --drafter ngram | early-exit)")
+            draft_dir = shipped_pair()[1]
+        self.draft_model = load(draft_dir, device=args.device) if draft_dir else None
+        self.make_drafter = make_drafter
+        self.settings = Settings(
+            gamma=parse_gamma(str(args.gamma)), temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            trace=args.trace, drafter=args.drafter, exit_layer=args.exit_layer,
+        )
+        self.color = sys.stdout.isatty() and not args.no_color
+
+    def drafter(self):
+        s = self.settings
+        return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
+                                 exit_layer=s.exit_layer)
+
+    def generate(self, prompt: str, speculative: bool):
+        from .speculative import autoregressive_generate, speculative_generate
+
+        s = self.settings
+        ids = self.target.tokenizer.encode(prompt)
+        kw = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_k": s.top_k,
+              "top_p": s.top_p, "eos_token_id": self.target.config.eos_token_ids or None,
+              "seed": s.seed}
+        if speculative:
+            return speculative_generate(self.target, self.drafter(), ids, gamma=s.gamma, **kw)
+        return autoregressive_generate(self.target, ids, **kw)
+
+    def warm_up(self, prompt: str) -> None:
+        s = self.settings
+        length, s.max_new_tokens = s.max_new_tokens, min(s.max_new_tokens, 4)
+        try:
+            self.generate(prompt, True)
+            self.generate(prompt, False)
+        finally:
+            s.max_new_tokens = length
+
+    def run(self, prompt: str, compare: bool = False) -> None:
+        s = self.settings
+        if compare:  # one short untimed run of each first, so neither pays the first-call costs
+            self.warm_up(prompt)
+        result = self.generate(prompt, s.speculative)
+        tok = self.target.tokenizer
+        if s.trace and s.speculative:
+            print(render_trace(result.stats.rounds, tok.decode, self.color))
+            print()
+        print(prompt + tok.decode(result.tokens))
+        print()
+        print(format_stats(result, speculative=s.speculative))
+        if compare:
+            base = self.generate(prompt, not s.speculative)
+            spec, plain = (result, base) if s.speculative else (base, result)
+            same = "identical" if spec.tokens == plain.tokens else "different (sampled)"
+            print(format_stats(base, speculative=not s.speculative))
+            print(f"speedup: {spec.stats.tokens_per_second / plain.stats.tokens_per_second:.2f}x "
+                  f"(speculative {spec.stats.tokens_per_second:.1f} tok/s vs autoregressive "
+                  f"{plain.stats.tokens_per_second:.1f} tok/s); outputs {same}")
+
+
+def render_trace(rounds, decode, color: bool) -> str:
+    """One line per round: accepted drafts, rejected drafts, then the correction or bonus token."""
+
+    def paint(text: str, code: str, plain: str) -> str:
+        return f"{code}{text}{RESET}" if color else plain.format(text)
+
+    lines = []
+    for i, r in enumerate(rounds):
+        # r.emitted is cut just after an EOS; the round's own token is its last entry otherwise
+        kept = r.emitted[: r.accepted]
+        parts = [paint(show(decode, t), GREEN, "{}") for t in kept]
+        if len(r.emitted) > r.accepted:
+            parts += [paint(show(decode, t), RED, "~{}~") for t in r.drafted[r.accepted :]]
+            last = show(decode, r.emitted[-1])
+            parts.append(paint(last, YELLOW, "[+{}]") if r.kind == "bonus"
+                         else paint(last, CYAN, "[->{}]"))
+        lines.append(f"round {i + 1:3d} | " + " ".join(parts))
+    legend = (f"{GREEN}accepted{RESET} {RED}rejected{RESET} {CYAN}correction{RESET} "
+              f"{YELLOW}bonus{RESET}" if color else "accepted ~rejected~ [->correction] [+bonus]")
+    return "\n".join([legend, *lines])
+
+
+def show(decode, token: int) -> str:
+    """A token as text with whitespace made visible (newlines as \\n)."""
+    return repr(decode([token]))[1:-1]
+
+
+def format_stats(result, speculative: bool) -> str:
+    st = result.stats
+    if not speculative:
+        return (f"autoregressive: {len(result.tokens)} tokens, {st.target_calls} target calls, "
+                f"{st.tokens_per_second:.1f} tok/s, stopped by {result.stop_reason}")
+    return (f"speculative ({st.drafter} drafter): {len(result.tokens)} tokens, "
+            f"acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.drafted}), "
+            f"{st.tokens_per_target_call:.2f} tokens/target call, {st.target_calls} target calls, "
+            f"{st.draft_calls} draft calls, drafting {st.draft_seconds:.2f}s, "
+            f"verifying {st.verify_seconds:.2f}s, {st.tokens_per_second:.1f} tok/s, "
+            f"stopped by {result.stop_reason}")
+
+
+def command(session: Session, line: str) -> bool:
+    """Apply one /command; False means quit."""
+    s = session.settings
+    name, _, arg = line[1:].partition(" ")
+    arg = arg.strip()
+    setters = {
+        "gamma": lambda a: setattr(s, "gamma", parse_gamma(a)),
+        "temperature": lambda a: setattr(s, "temperature", float(a)),
+        "top_k": lambda a: setattr(s, "top_k", int(a)),
+        "top_p": lambda a: setattr(s, "top_p", float(a)),
+        "length": lambda a: setattr(s, "max_new_tokens", int(a)),
+        "drafter": lambda a: setattr(s, "drafter", a),
+    }
+    if name in ("quit", "exit", "q"):
+        return False
+    if name == "help":
+        print(HELP)
+    elif name == "speculative":
+        s.speculative = not s.speculative
+        print("speculative decoding" if s.speculative else "plain autoregressive decoding")
+    elif name == "trace":
+        s.trace = not s.trace
+        print(f"trace {'on' if s.trace else 'off'}")
+    elif name in setters and arg:
+        try:
+            setters[name](arg)
+        except ValueError:
+            print(f"/{name}: could not read {arg!r} (see /help)")
+            return True
+        except MinispecError as e:
+            print(f"error: {e}")
+            return True
+        print(f"{name} = {arg}")
+    else:
+        print(f"unknown command or missing value: {line!r} (see /help)")
+    return True
+
+
+def interactive(session: Session) -> None:
+    print("minispec: type a prompt, or /help. Ctrl-D quits.")
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            return
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            if not command(session, line.strip()):
+                return
+            continue
+        try:
+            session.run(line)
+        except MinispecError as e:
+            print(f"error: {e}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "bench":
+            from . import bench
+
+            return bench.main(argv[1:])
+        if argv and argv[0] == "sweep":
+            from . import sweep
+
+            return sweep.main(argv[1:])
+        args = build_parser().parse_args(argv)
+        session = Session(args)
+        if args.prompt is None:
+            interactive(session)
+        else:
+            session.run(args.prompt, compare=args.compare)
+    except MinispecError as e:
+        print(f"minispec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

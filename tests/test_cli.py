@@ -1,0 +1,107 @@
+"""The command line: generation, --compare, --trace, the interactive prompt, and its errors."""
+
+import io
+import re
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from minispec.cli import main, shipped_pair
+from minispec.config import ModelConfig
+from minispec.loader import random_model, save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A tiny random target/draft pair sharing a byte-level BPE tokenizer, written to disk."""
+    root = tmp_path_factory.mktemp("pair")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["def f(x):\n    return x + 1\n"] * 20, trainer)
+    for name, layers, seed in [("target", 2, 0), ("draft", 1, 1)]:
+        cfg = ModelConfig(family="llama", vocab_size=tok.get_vocab_size(), hidden_size=32,
+                          n_layers=layers, n_heads=4, n_kv_heads=2, intermediate_size=64,
+                          max_position_embeddings=128)
+        save_checkpoint(random_model(cfg, seed=seed, scale=0.1), root / name)
+        tok.save(str(root / name / "tokenizer.json"))
+    return root / "target", root / "draft"
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_compare_trace(pair, capsys):
+    target, draft = pair
+    rc, out, _ = run(capsys, "--target", target, "--draft", draft, "--prompt", "def f(x):",
+                     "--max-new-tokens", 10, "--gamma", 3, "--compare", "--trace", "--no-color",
+                     "--device", "cpu")
+    assert rc == 0
+    assert out.startswith("accepted ~rejected~ [->correction] [+bonus]")
+    calls = int(re.search(r"(\d+) target calls", out).group(1))
+    assert len(re.findall(r"^round +\d+ \|", out, re.MULTILINE)) == calls  # one trace line per round
+    assert "speculative (model drafter): 10 tokens" in out
+    assert "autoregressive: 10 tokens, 10 target calls" in out
+    assert "outputs identical" in out  # greedy: speculative == autoregressive, token for token
+    assert re.search(r"speedup: \d+\.\d\dx", out)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early-exit"])
+def test_drafters_need_no_draft_model(pair, capsys, drafter):
+    target, _ = pair
+    rc, out, _ = run(capsys, "--target", target, "--drafter", drafter, "--prompt", "def f(x):",
+                     "--max-new-tokens", 5, "--device", "cpu")
+    assert rc == 0
+    assert f"speculative ({drafter} drafter): 5 tokens" in out
+
+
+def test_interactive_commands(pair, capsys, monkeypatch):
+    target, draft = pair
+    lines = ["/gamma 2", "/temperature 0.7", "/top_k 5", "/top_p 0.9", "/length 3", "/trace",
+             "/help", "def f", "/speculative", "def f", "/gamma x", "/bogus", "/quit"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    rc, out, _ = run(capsys, "--target", target, "--draft", draft, "--no-color", "--device", "cpu")
+    assert rc == 0
+    for echo in ["gamma = 2", "temperature = 0.7", "top_k = 5", "top_p = 0.9", "length = 3",
+                 "trace on", "/drafter NAME", "plain autoregressive decoding"]:
+        assert echo in out
+    assert "speculative (model drafter): 3 tokens" in out
+    assert "autoregressive: 3 tokens" in out
+    assert "gamma: expected a positive integer or 'auto'" in out
+    assert "unknown command" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gamma", "0"], "gamma"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--drafter", "early-exit", "--exit-layer", "9"], "exit_layer"),
+    ],
+)
+def test_bad_parameters_exit_2_naming_them(pair, capsys, argv, message):
+    target, draft = pair
+    rc, _, err = run(capsys, "--target", target, "--draft", draft, "--prompt", "x",
+                     "--device", "cpu", *argv)
+    assert rc == 2
+    assert err.startswith("minispec: error:") and message in err
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path, capsys):
+    rc, _, err = run(capsys, "--target", tmp_path / "nowhere", "--prompt", "x", "--device", "cpu")
+    assert rc == 2 and "nowhere" in err
+
+
+def test_shipped_pair_is_the_default(capsys):
+    target, draft = shipped_pair()
+    if not (target / "model.safetensors").exists() or not (draft / "model.safetensors").exists():
+        pytest.skip(f"the shipped pair is not in {target.parent}")
+    rc, out, _ = run(capsys, "--prompt", "import os\n", "--max-new-tokens", 6, "--device", "cpu")
+    assert rc == 0
+    assert "speculative (model drafter): 6 tokens" in out
