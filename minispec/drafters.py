@@ -14,7 +14,7 @@ Three drafters, chosen by name with `make_drafter`:
 
 `speculative_generate` drives a drafter in rounds:
     start(prompt_ids)                                 once per generation
-    share_cache(cache) -> forward                     optional: once, after start (early exit)
+    share_cache(target, cache) -> forward             optional: once, after start (early exit)
     propose(context, gamma, warp_fn, rng) -> (draft tokens [g], q [g, V])
     accept(context)                                   context now ends with the emitted tokens
 """
@@ -38,7 +38,8 @@ class Drafter(Protocol):
     calls: model forward calls made since `start` (0 for drafters with no model); read for stats.
 
     Optional, for a drafter built from the target's own layers (EarlyExitDrafter):
-    `share_cache(cache) -> forward`, called once after `start` with the target's KV cache. The
+    `share_cache(target, cache) -> forward`, called once after `start` with the target and its KV
+    cache (MinispecError if the drafter was built from another model). The
     drafter may then write that cache's positions from cache.length on while drafting, and the
     loop verifies with the returned forward(tokens, cache) -> logits in place of target.forward
     (same arguments, same logits up to rounding), which skips the work drafting already did.
@@ -246,8 +247,13 @@ class EarlyExitDrafter:
         """New generation: forget the cache of the last one (the loop shares a new one)."""
         self.cache, self.calls, self._fed, self._h = None, 0, [], []
 
-    def share_cache(self, cache):
+    def share_cache(self, target, cache):
         """Draft in the target's cache from now on; verify with the returned `verify_forward`."""
+        if target is not self.target:  # its logits would be another model's
+            raise MinispecError(
+                f"drafter: this early-exit drafter is made of {self.target.name!r}'s layers, not "
+                f"the target {target.name!r}'s; make it with make_drafter('early-exit', target)"
+            )
         self.cache = cache
         return self.verify_forward
 

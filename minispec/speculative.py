@@ -243,7 +243,7 @@ def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p
     if drafter is not None:
         drafter.start(list(prompt))
         if hasattr(drafter, "share_cache"):  # made of the target's layers: drafts in its cache
-            forward = drafter.share_cache(cache)  # and verifies without redoing that work
+            forward = drafter.share_cache(target, cache)  # verifies without redoing that work
     no_drafts, no_q = np.empty(0, dtype=np.int64), np.empty((0, V))
     while len(tokens) < max_new:
         asked = g = _round_gamma(gamma, max_new - len(tokens)) if drafter is not None else 0

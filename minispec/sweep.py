@@ -22,7 +22,8 @@ What is measured, and how:
   speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings.
 The theorem assumes a verify call of gamma+1 tokens costs one decode step, and that every round
 drafts gamma tokens (the n-gram drafter drafts none when nothing matches, so there it is an upper
-bound). Numbers come from one process; BLAS threads are pinned (--threads, default 1) because
+bound). The early-exit drafter's verify call skips the first k layers of the positions it drafted,
+so it may beat the prediction. Numbers come from one process; BLAS threads are pinned (--threads, default 1) because
 multi-threaded BLAS makes decode-sized matmuls slow on a small, shared CPU.
 """
 

@@ -49,6 +49,7 @@ CONFIG = {
 GREEDY = {"temperature": 0.0}
 TARGET = random_model(ModelConfig(**CONFIG), seed=0, scale=0.5)
 DRAFT = random_model(ModelConfig(**{**CONFIG, "n_layers": 1}), seed=1, scale=0.5)
+DRAFT_2L = random_model(ModelConfig(**{**CONFIG, "n_layers": 2}), seed=1, scale=0.5)
 rng = np.random.default_rng(0)
 PROMPTS = {
     # every token distinct: the n-gram drafter finds nothing to copy in the first round
@@ -280,12 +281,18 @@ def test_early_exit_needs_the_loop_to_share_the_cache():
         d.propose([1, 2], 2, lambda z: warp(z, 1.0), np.random.default_rng(0))
 
 
+def test_early_exit_drafter_of_another_model_is_refused():
+    with pytest.raises(MinispecError, match="early-exit"):
+        speculative_generate(TARGET, EarlyExitDrafter(DRAFT_2L, 1), [1, 2], max_new_tokens=4,
+                             **GREEDY)
+
+
 def test_early_exit_verify_forward_recomputes_what_was_not_drafted():
     # verify_forward is a drop-in target.forward: with nothing drafted it computes everything
     d = EarlyExitDrafter(TARGET, 2)
     cache = TARGET.new_cache(32)
     d.start([])
-    forward = d.share_cache(cache)
+    forward = d.share_cache(TARGET, cache)
     seq = [5, 9, 2, 7, 7, 1]
     first = to_host(forward(seq[:4], cache))
     rest = to_host(forward(seq[4:], cache))
