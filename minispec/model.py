@@ -35,9 +35,9 @@ DEFAULT_MAX_CACHE = 4096  # default cache length cap, so a 128k-context config d
 
 def rms_norm(x, w, eps: float):
     """RMSNorm (Llama): x / rms(x) * w, the statistics in float32."""
-    x32 = x.astype("float32")
-    ms = (x32 * x32).mean(axis=-1, keepdims=True)  # [T, D] -> [T, 1]
-    return (x32 / (ms + eps) ** 0.5).astype(x.dtype) * w
+    x32 = x.astype("float32", copy=False)
+    ms = (x32 * x32).sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, D] -> [T, 1]
+    return (x32 / (ms + eps) ** 0.5).astype(x.dtype, copy=False) * w
 
 
 def layer_norm(x, w, b, eps: float):
@@ -117,17 +117,24 @@ def causal_mask(xp, pos: int, t: int, s: int, window: int | None):
 def attention(xp, q, k, v, mask):
     """Softmax(q k^T / sqrt(E)) v with grouped-query heads; the cache is not copied per head.
 
-    q [T, H, E]; k, v [K, S, E]; mask [T, S] bool. Query head h reads kv head h // G.
+    q [T, H, E]; k, v [K, S, E]; mask [T, S] bool, or None when every query sees every key (one
+    new token). Query head h reads kv head h // G: the G heads of a group and their T tokens form
+    the G*T rows of one matmul against their kv head.
     """
     t, h, e = q.shape
-    kv = k.shape[0]
+    kv, s = k.shape[0], k.shape[1]
     q = q.reshape(t, kv, h // kv, e).transpose(1, 2, 0, 3)  # [T, H, E] -> [K, G, T, E]
-    scores = (q @ k[:, None].swapaxes(-1, -2)).astype("float32")  # -> [K, G, T, S]
-    scores = xp.where(mask, scores * (1.0 / math.sqrt(e)), -xp.inf)
-    scores = xp.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = (scores / scores.sum(axis=-1, keepdims=True)).astype(v.dtype)
-    out = probs @ v[:, None]  # [K, G, T, S] @ [K, 1, S, E] -> [K, G, T, E]
-    return out.transpose(2, 0, 1, 3).reshape(t, h * e)  # -> [T, H*E]
+    q = q.reshape(kv, h // kv * t, e)  # -> [K, G*T, E]
+    scores = (q @ k.swapaxes(-1, -2)).astype("float32", copy=False)  # -> [K, G*T, S]
+    scores = scores.reshape(kv, h // kv, t, s)  # -> [K, G, T, S]
+    scores *= 1.0 / math.sqrt(e)
+    if mask is not None:
+        scores = xp.where(mask, scores, -xp.inf)
+    scores -= scores.max(axis=-1, keepdims=True)  # softmax over S, in place
+    probs = xp.exp(scores, out=scores)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = probs.astype(v.dtype, copy=False).reshape(kv, h // kv * t, s) @ v  # -> [K, G*T, E]
+    return out.reshape(kv, h // kv, t, e).transpose(2, 0, 1, 3).reshape(t, h * e)  # -> [T, H*E]
 
 
 def mlp(xp, x, p: dict[str, Any]):
@@ -275,7 +282,10 @@ class Model:
         if self._inv_freq is not None and pos + t > self._rope_len:
             self._grow_rope(pos + t)
         rot = None if self._inv_freq is None else (self._cos[pos:pos + t], self._sin[pos:pos + t])
-        mask = causal_mask(self.xp, pos, t, pos + t, self.config.sliding_window)
+        window = self.config.sliding_window
+        # one new token sees every position so far, unless a sliding window hides some: no mask
+        mask = (None if t == 1 and (window is None or pos < window)
+                else causal_mask(self.xp, pos, t, pos + t, window))
         for i in range(start, stop):
             kv = None if cache is None else (cache.k[i], cache.v[i])
             h = block(self.xp, h, self.weights["layers"][i], self.config, rot, kv, pos, mask)
@@ -285,7 +295,7 @@ class Model:
         """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device)."""
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)
-        return (h @ w["lm_head"]).astype("float32")  # [T, D] -> [T, V]
+        return (h @ w["lm_head"]).astype("float32", copy=False)  # [T, D] -> [T, V]
 
     # -- whole passes ---------------------------------------------------------------------------
 
@@ -313,11 +323,10 @@ def block(xp, x, p: dict[str, Any], config: ModelConfig, rot, kv, pos: int, mask
     h, k_heads, e = config.n_heads, config.n_kv_heads, config.head_dim
     t = x.shape[0]
     qkv = linear(norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps), p["wqkv"], p["bqkv"])
-    q = qkv[:, :h * e].reshape(t, h, e)  # [T, (H+2K)E] -> [T, H, E]
-    k = qkv[:, h * e:(h + k_heads) * e].reshape(t, k_heads, e)  # -> [T, K, E]
-    v = qkv[:, (h + k_heads) * e:].reshape(t, k_heads, e)  # -> [T, K, E]
-    if rot is not None:
-        q, k = rope(xp, q, *rot), rope(xp, k, *rot)
+    qkv = qkv.reshape(t, h + 2 * k_heads, e)  # [T, (H+2K)E] -> [T, H+2K, E]
+    if rot is not None:  # the H query and K key heads, rotated in one call
+        qkv[:, :h + k_heads] = rope(xp, qkv[:, :h + k_heads], *rot)
+    q, k, v = qkv[:, :h], qkv[:, h:h + k_heads], qkv[:, h + k_heads:]  # -> [T, H|K|K, E]
     k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, K, E] -> [K, T, E]
     if kv is not None:
         k_cache, v_cache = kv
