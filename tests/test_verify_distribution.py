@@ -1,0 +1,113 @@
+"""verify_distribution.py: the quick run passes, outside samplers are judged, the statistics.
+
+The script's own run is the distribution test of minispec's verify step and speculative loop;
+here we check that it runs, that its verdict is right on outside samplers known to be exact or
+broken, and the pieces its verdict rests on (G-test cells, Holm, Algorithm 1's round lengths).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import verify_distribution as vd
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    return subprocess.run([sys.executable, str(ROOT / "verify_distribution.py"), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
+def test_quick_run_passes_with_every_row():
+    r = run_script("--quick")
+    out = r.stdout
+    assert r.returncode == 0, out + r.stderr
+    for case in ("dirichlet V=16 g=4", "q == p", "disjoint", "one-hot q", "near-zero",
+                 "close draft"):
+        assert f"1    {case}" in out
+    for test in ("tokens by index", "next token | token", "tokens/round", "joint of"):
+        assert test in out
+    assert "L=3, far" in out and "L=3, near" in out
+    for part, bug in [("1", "residual=p"), ("1", "no bonus"), ("1", "accept q/p"),
+                      ("1", "unwarped q"), ("2", "residual=p"), ("2", "accept q/p"),
+                      ("2", "unwarped q")]:
+        line = next(x for x in out.splitlines() if x.startswith(f"{part:<4} {bug:<12}"))
+        assert line.endswith("rejected") and "NOT" not in line, line
+    assert "Holm over the" in out and "Kolmogorov-Smirnov" in out
+    assert "PASS:" in out and "FAIL" not in out
+
+
+def test_outside_exact_sampler_passes():
+    r = run_script("--quick", "--sampler", "samplers_for_tests:exact")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "sampler samplers_for_tests:exact" in r.stdout
+
+
+@pytest.mark.parametrize("broken", ["residual_is_p", "drop_bonus"])
+def test_outside_broken_sampler_fails(broken):
+    r = run_script("--quick", "--sampler", f"samplers_for_tests:{broken}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL:" in r.stdout
+
+
+def test_bad_sampler_spec_is_reported():
+    r = run_script("--quick", "--sampler", "no_colon_here")
+    assert r.returncode != 0 and "module:function" in r.stderr
+
+
+def test_g_parts_merges_small_cells_and_flags_impossible_draws():
+    # expected 50, 45, 4, 1: the last two merge into an "other" cell of 5
+    g, dof, impossible = vd.g_parts([50, 45, 4, 1], [0.5, 0.45, 0.04, 0.01])
+    assert (dof, impossible) == (2, 0) and g == pytest.approx(0.0, abs=1e-12)
+    # expected 50, 47, 2, 1: "other" (3) is still too small and takes in the 47 cell too
+    g, dof, _ = vd.g_parts([50, 47, 2, 1], [0.5, 0.47, 0.02, 0.01])
+    assert dof == 1 and g == pytest.approx(0.0, abs=1e-12)
+    assert vd.g_parts([10, 0, 1], [0.5, 0.5, 0.0])[2] == 1  # one draw of a probability-0 cell
+    assert vd.g_parts([10, 1], [1.0, 1e-13])[2] == 1  # below IMPOSSIBLE counts as impossible
+    fit = vd.combine([vd.g_parts([10, 0, 1], [0.5, 0.5, 0.0])])
+    assert fit.pvalue == 0.0 and "impossible" in fit.note
+
+
+def test_holm_adjusts_step_down():
+    assert vd.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+def test_length_law_of_algorithm1():
+    rng = np.random.default_rng(0)
+    p, q = rng.dirichlet(np.ones(6), 4), rng.dirichlet(np.ones(6), 3)
+    law = vd.length_law(p, q)
+    assert law.sum() == pytest.approx(1.0) and law[0] == 0.0
+    assert vd.length_law(p, p[:3])[-1] == 1.0  # q == p: every round ends with a bonus token
+    disjoint = np.zeros((3, 6))
+    disjoint[:, 0] = 1.0
+    p[:, 0] = 0.0
+    assert vd.length_law(p / p.sum(1, keepdims=True), disjoint)[1] == 1.0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None
+                    or importlib.util.find_spec("torch") is None,
+                    reason="needs transformers and torch")
+def test_hf_adapter_emits_a_verify_result():
+    from minispec.hf_adapter import verify
+
+    rng = np.random.default_rng(1)
+    V, g = 8, 4
+    p, q = rng.dirichlet(np.ones(V), g + 1), rng.dirichlet(np.ones(V), g)
+    drafts = np.array([rng.choice(V, p=row) for row in q], dtype=np.int64)
+    for _ in range(50):
+        out = verify(p, q, drafts, rng)
+        assert out.dtype == np.int64 and 1 <= len(out) <= g + 1
+        assert np.array_equal(out[:-1], drafts[: len(out) - 1])
+    assert len(verify(p[:1], q[:0], drafts[:0], rng)) == 1  # gamma 0
+    a = verify(p, q, drafts, np.random.default_rng(7))
+    assert np.array_equal(a, verify(p, q, drafts, np.random.default_rng(7)))  # seeded

@@ -1,0 +1,761 @@
+"""Is minispec's speculative sampling lossless? A statistical check you can run.
+
+Speculative sampling (Leviathan et al. 2023, Algorithm 1 and Theorem 3.1; Chen et al. 2023) promises
+that the emitted tokens are distributed exactly as if the target alone had sampled them. This script
+tests that promise with goodness-of-fit tests (G-tests, scipy) and shows the tests have power by
+running the same tests, with the same sample budget, on deliberately broken samplers.
+
+    python verify_distribution.py              # the full run
+    python verify_distribution.py --quick      # the CI subset (well under a minute on 2 cores)
+    python verify_distribution.py --sampler mypkg.mymod:verify   # judge an outside verify step
+    python verify_distribution.py --plot out.png
+
+Part 1, the verify step alone. Fixed target rows p[0..g] and draft rows q[0..g-1]; each round draws
+g draft tokens from q and calls verify(p, q, draft_tokens, rng), until N tokens are emitted. For an
+exact sampler the token a round emits at index i, given everything emitted before it, is distributed
+as p[i] (index i is reached only through the draft prefix, which p[i] is conditioned on). So:
+  tokens   the counts at each index i against n_i * p[i] (n_i = tokens emitted at index i),
+  pairs    the token at index i+1 given the one at index i, against p[i+1],
+  lengths  the number of tokens per round against Algorithm 1's law: index i is passed with
+           probability beta_i = sum(min(p_i, q_i)) (this row checks the acceptance rule, i.e. the
+           speed claim; a different lossless rule, e.g. block verification, would fail only it).
+Conditioning on n_i is valid because whether index i is reached depends only on earlier draws.
+Part 2, end to end: tiny random draft and target models; the exact law of the next L tokens,
+enumerated with the target alone (Model.logits over every prefix, then warp), against the
+histogram of speculative_generate(..., max_new_tokens=L) over many seeds.
+Part 3, the shipped pair in weights/ (target and draft), with top-k small enough to enumerate.
+Part 4, controls: Algorithm 1 written out below with one line broken each (residual replaced by
+p, bonus token dropped, acceptance min(1, q/p)), and a drafter that draws from the unwarped draft
+logits but reports the warped q. Each must be rejected at p < 1e-6.
+Multiple testing: the true tests are one family, Holm-corrected at family alpha 0.01; their
+p-values are also tested for uniformity (Kolmogorov-Smirnov), a diagnostic printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import math
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import stats
+
+from minispec.sampling import sample, warp
+
+FAMILY_ALPHA = 0.01  # Holm over all true tests
+CONTROL_ALPHA = 1e-6  # each broken sampler must be rejected below this (Bonferroni over its tests)
+MIN_EXPECTED = 5.0  # cells with a smaller expected count are merged into an "other" cell
+# Outcomes of probability below this count as impossible: one draw of them fails the test. For an
+# exact sampler that happens with probability < samples * their total mass < 1e-4 in every test.
+IMPOSSIBLE = 1e-12
+
+Sampler = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
+
+
+def rng_for(seed: int, *names: str) -> np.random.Generator:
+    """A generator keyed by the run seed and a name, so a row's draws do not depend on row order."""
+    return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
+
+
+# ----------------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class Fit:
+    """A goodness-of-fit result: G statistic, degrees of freedom, p-value, and why if it is 0."""
+
+    stat: float
+    dof: int
+    pvalue: float
+    note: str = ""
+
+
+def g_parts(observed: np.ndarray, probs: np.ndarray) -> tuple[float, int, int]:
+    """G statistic and dof of counts `observed` against probabilities `probs`, plus the number of
+    observations that fell on a cell of probability < IMPOSSIBLE.
+
+    Cells whose expected count is below MIN_EXPECTED are merged, smallest first, into one "other"
+    cell (itself merged with the next smallest until it too reaches MIN_EXPECTED).
+    """
+    observed = np.asarray(observed, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    n = observed.sum()
+    impossible = int(observed[probs < IMPOSSIBLE].sum())
+    keep = probs >= IMPOSSIBLE
+    o, e = observed[keep], n * probs[keep] / probs[keep].sum()
+    if n == 0 or len(e) < 2:
+        return 0.0, 0, impossible
+    order = np.argsort(e, kind="stable")
+    o, e = o[order], e[order]
+    k = int(np.searchsorted(e, MIN_EXPECTED))  # cells 0..k-1 are too small on their own
+    if k > 0:
+        other_o, other_e = o[:k].sum(), e[:k].sum()
+        o, e = o[k:], e[k:]
+        while other_e < MIN_EXPECTED and len(e) > 0:  # absorb the next smallest cell
+            other_o, other_e = other_o + o[0], other_e + e[0]
+            o, e = o[1:], e[1:]
+        o, e = np.append(o, other_o), np.append(e, other_e)
+    if len(e) < 2:
+        return 0.0, 0, impossible
+    nz = o > 0
+    g = 2.0 * float(np.sum(o[nz] * np.log(o[nz] / e[nz])))
+    return g, len(e) - 1, impossible
+
+
+def combine(parts: list[tuple[float, int, int]], note: str = "") -> Fit:
+    """Sum independent G statistics (and dofs) into one test."""
+    g = sum(x[0] for x in parts)
+    dof = sum(x[1] for x in parts)
+    impossible = sum(x[2] for x in parts)
+    if note:
+        return Fit(g, dof, 0.0, note)
+    if impossible:
+        return Fit(g, dof, 0.0, f"{impossible} draws of impossible outcomes")
+    if dof == 0:
+        return Fit(0.0, 0, 1.0, "one cell: only impossible outcomes checked")
+    return Fit(g, dof, float(stats.chi2.sf(g, dof)))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values (valid under any dependence between the tests)."""
+    m = len(pvalues)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: pvalues[j])):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# ------------------------------------------------------- Algorithm 1, breakable for the controls
+
+BUGS = {
+    "residual=p": "on rejection, resample from p instead of norm(max(0, p - q))",
+    "no bonus": "when every draft is accepted, the bonus token from p[g] is dropped",
+    "accept q/p": "accept with probability min(1, q/p) instead of min(1, p/q)",
+    "unwarped q": "drafts drawn from the unwarped draft logits, q reported warped",
+}
+
+
+def algorithm1(p, q, draft_tokens, rng: np.random.Generator, bug: str | None = None) -> np.ndarray:
+    """Leviathan et al. Algorithm 1 written out once more, so that each control changes one line.
+
+    With bug=None this is the correct verify step; the script tests minispec's own, not this one.
+    """
+    out = []
+    for i, x in enumerate(int(t) for t in draft_tokens):
+        if bug == "accept q/p":
+            ratio = q[i, x] / p[i, x] if p[i, x] > 0 else math.inf
+        else:
+            ratio = p[i, x] / q[i, x]
+        if rng.random() < min(1.0, ratio):
+            out.append(x)
+            continue
+        residual = p[i] if bug == "residual=p" else np.maximum(p[i] - q[i], 0.0)
+        out.append(sample(residual / residual.sum(), rng))
+        return np.array(out, dtype=np.int64)
+    if bug != "no bonus":
+        out.append(sample(p[len(out)], rng))
+    return np.array(out, dtype=np.int64)
+
+
+def broken_sampler(bug: str) -> Sampler:
+    def verify(p, q, draft_tokens, rng):
+        return algorithm1(p, q, draft_tokens, rng, bug)
+
+    verify.__name__ = f"algorithm1[{bug}]"
+    return verify
+
+
+def load_sampler(spec: str) -> Sampler:
+    """'module:function' -> the function; the working directory is importable, like `python -m`."""
+    module_name, sep, fn_name = spec.partition(":")
+    if not sep or not module_name or not fn_name:
+        raise SystemExit(f"--sampler: expected module:function, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    fn = getattr(importlib.import_module(module_name), fn_name, None)
+    if not callable(fn):
+        raise SystemExit(f"--sampler: {module_name} has no function {fn_name!r}")
+    return fn
+
+
+# ----------------------------------------------------------------------------------- rows
+
+
+@dataclass
+class Row:
+    """One line of the report: a test of the true sampler, or of a control."""
+
+    part: str
+    config: str
+    test: str
+    samples: int
+    fit: Fit
+    control: str | None = None  # the bug, for a control row
+    adjusted: float = math.nan  # Holm-adjusted p-value, true rows
+    passed: bool = False
+    hist: tuple | None = field(default=None, repr=False)  # (labels, exact, empirical) for --plot
+
+
+# ------------------------------------------------------------------- part 1: the verify step
+
+
+@dataclass
+class Case:
+    """Fixed target rows p [g+1, V] and draft rows q [g, V] for the verify step alone."""
+
+    name: str
+    p: np.ndarray
+    q: np.ndarray
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    return x / x.sum(axis=-1, keepdims=True)
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    return normalize(np.exp(z - z.max(axis=-1, keepdims=True)))
+
+
+def verify_cases(seed: int, quick: bool) -> list[Case]:
+    """The part-1 configurations: vocabulary 8 to 32, gamma 0 to 8, and the awkward shapes."""
+    r = rng_for(seed, "cases")
+    cases = []
+
+    def add(name, p, q):
+        p, q = np.asarray(p, np.float64), np.asarray(q, np.float64)
+        cases.append(Case(name, p, q.reshape(-1, p.shape[1])))
+
+    # independent random rows: low acceptance, exercises the residual
+    for V, g, a in [(8, 1, 1.0), (16, 4, 1.0), (32, 8, 0.5)]:
+        a = np.full(V, a)
+        add(f"dirichlet V={V} g={g}", r.dirichlet(a, g + 1), r.dirichlet(a, g))
+    V, g = 12, 3  # q == p: every draft accepted, every round ends with the bonus token
+    p = r.dirichlet(np.ones(V), g + 1)
+    add(f"q == p V={V} g={g}", p, p[:g].copy())
+    V, g = 16, 3  # disjoint supports: every draft rejected, the residual is p itself
+    p = np.zeros((g + 1, V))
+    q = np.zeros((g, V))
+    p[:, :8] = r.dirichlet(np.ones(8), g + 1)
+    q[:, 8:] = r.dirichlet(np.ones(8), g)
+    add(f"disjoint V={V} g={g}", p, q)
+    V, g = 20, 4  # supports overlapping on 6 tokens
+    p = np.zeros((g + 1, V))
+    q = np.zeros((g, V))
+    p[:, :12] = r.dirichlet(np.ones(12), g + 1)
+    q[:, 6:] = r.dirichlet(np.ones(14), g)
+    add(f"overlap V={V} g={g}", p, q)
+    V, g = 16, 5  # one-hot q, as n-gram drafting gives: the draft token is certain under q
+    p = r.dirichlet(np.full(V, 0.7), g + 1)
+    drafts = [int(np.argmax(p[0])), 3, int(np.argmax(p[2])), 7, int(np.argmax(p[4]))]
+    p[1, 3] = 0.0  # a draft the target can never accept
+    p = normalize(p)
+    add(f"one-hot q V={V} g={g}", p, np.eye(V)[drafts])
+    V, g = 24, 4  # near-zero probabilities on both sides, ratios of 1e-12 and 1e+12
+    p = r.dirichlet(np.ones(V), g + 1)
+    q = r.dirichlet(np.ones(V), g)
+    p[:g, :3] = [1e-12, 1e-300, 1e-15]
+    q[:, :3] = 0.2
+    q[:, 3:5] = [1e-12, 1e-300]
+    p[:g, 3:5] = 0.2
+    add(f"near-zero V={V} g={g}", normalize(p), normalize(q))
+    V, g = 32, 2  # peaked target, flat draft
+    add(f"peaked p V={V} g={g}", softmax(3.0 * r.normal(size=(g + 1, V))), np.full((g, V), 1 / V))
+    V, g = 8, 6  # flat target, peaked draft
+    add(f"peaked q V={V} g={g}", np.full((g + 1, V), 1 / V), softmax(3.0 * r.normal(size=(g, V))))
+    V, g = 32, 6  # a good draft: high acceptance, long rounds, many bonus tokens
+    z = 2.0 * r.normal(size=(g + 1, V))
+    add(f"close draft V={V} g={g}", softmax(z), softmax(z[:g] + 0.3 * r.normal(size=(g, V))))
+    V = 10  # gamma 0: verify is plain sampling from p[0]
+    add(f"gamma 0 V={V}", r.dirichlet(np.ones(V), 1), np.zeros((0, V)))
+    if quick:
+        keep = ("dirichlet V=16", "q == p", "disjoint", "one-hot", "near-zero", "close draft")
+        cases = [c for c in cases if c.name.startswith(keep)]
+    return cases
+
+
+def sharpen(q: np.ndarray, temperature: float = 0.6) -> np.ndarray:
+    """q warped at `temperature`, as a drafter would report it (rows of zeros stay zero)."""
+    with np.errstate(divide="ignore"):
+        return np.vstack([warp(np.log(row), temperature) for row in q]) if len(q) else q
+
+
+def draw_rows(cdf: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws: one token per row of `cdf` [g, V] for each row of uniforms u [B, g]."""
+    g = cdf.shape[0]
+    out = np.empty(u.shape, dtype=np.int64)
+    for i in range(g):
+        idx = np.searchsorted(cdf[i], u[:, i] * cdf[i, -1], side="right")
+        out[:, i] = np.minimum(idx, np.flatnonzero(np.diff(cdf[i], prepend=0.0) > 0)[-1])
+    return out
+
+
+@dataclass
+class Counts:
+    """What the emitted tokens of many rounds look like, indexed by position within the round."""
+
+    tokens: np.ndarray  # [g+1, V]: tokens[i, x] = rounds that emitted x at index i
+    pairs: np.ndarray  # [g, V, V]: pairs[i, a, b] = rounds that emitted a at i and b at i+1
+    lengths: np.ndarray  # [g+2]: lengths[n] = rounds that emitted n tokens
+    rounds: int = 0
+    error: str = ""  # the first protocol violation, if any (then the counts are incomplete)
+
+
+def drive(sampler: Sampler, case: Case, n_tokens: int, rng: np.random.Generator,
+          q_reported: np.ndarray | None = None) -> Counts:
+    """Call the verify step on fresh draft tokens until n_tokens tokens are emitted."""
+    p, q = case.p, case.q
+    g, V = q.shape[0], p.shape[1]
+    c = Counts(np.zeros((g + 1, V), np.int64), np.zeros((g, V, V), np.int64),
+               np.zeros(g + 2, np.int64))
+    draft_rng = np.random.default_rng(rng.integers(2**63))
+    cdf = np.cumsum(q, axis=1)
+    q_arg = q if q_reported is None else q_reported
+    emitted, drafts = 0, np.empty((0, g), np.int64)
+    while emitted < n_tokens:
+        if not len(drafts):
+            drafts = draw_rows(cdf, draft_rng.random((4096, g)))
+        d, drafts = drafts[0], drafts[1:]
+        out = np.asarray(sampler(p, q_arg, d.copy(), rng)).astype(np.int64).ravel()
+        n = len(out)
+        if not 1 <= n <= g + 1:
+            c.error = f"round {c.rounds} emitted {n} tokens (expected 1..{g + 1})"
+        elif out.min() < 0 or out.max() >= V:
+            c.error = f"round {c.rounds} emitted a token outside 0..{V - 1}: {out.tolist()}"
+        elif not np.array_equal(out[:-1], d[: n - 1]):
+            c.error = (f"round {c.rounds} emitted {out.tolist()} for drafts {d.tolist()}: "
+                       "all tokens but the last must be the accepted drafts")
+        if c.error:
+            return c
+        c.tokens[np.arange(n), out] += 1
+        c.pairs[np.arange(n - 1), out[:-1], out[1:]] += 1
+        c.lengths[n] += 1
+        c.rounds += 1
+        emitted += n
+    return c
+
+
+def length_law(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """P(a round emits n tokens), n = 0..g+1, under Algorithm 1: index i is passed with
+    probability beta_i = sum_x min(p_i(x), q_i(x)) whatever was emitted before."""
+    g = q.shape[0]
+    # 1 - beta_i = sum(max(0, p_i - q_i)), written so that it is exactly 0 when q_i == p_i
+    beta = 1.0 - np.maximum(p[:g] - q, 0.0).sum(axis=1).clip(0.0, 1.0)
+    law = np.zeros(g + 2)
+    reach = 1.0
+    for i in range(g):
+        law[i + 1] = reach * (1.0 - beta[i])
+        reach *= beta[i]
+    law[g + 1] = reach
+    return law
+
+
+def verify_rows(case: Case, c: Counts, control: str | None = None) -> list[Row]:
+    """The three part-1 tests of one configuration, from its counts."""
+    p, q = case.p, case.q
+    g = q.shape[0]
+    n = int(c.tokens.sum())
+    tokens = combine([g_parts(c.tokens[i], p[i]) for i in range(g + 1)], c.error)
+    pairs = combine([g_parts(c.pairs[i, a], p[i + 1]) for i in range(g) for a in range(p.shape[1])],
+                    c.error)
+    lengths = combine([g_parts(c.lengths, length_law(p, q))], c.error)
+    hist = ([str(x) for x in range(p.shape[1])], p[0], c.tokens[0] / max(1, c.tokens[0].sum()))
+    rows = [Row("1", case.name, "tokens by index", n, tokens, control, hist=hist)]
+    if c.pairs.sum() or c.error:  # no pairs: gamma 0, or every draft rejected (disjoint supports)
+        rows.append(Row("1", case.name, "next token | token", int(c.pairs.sum()), pairs, control))
+    rows.append(Row("1", case.name, f"tokens/round ({c.rounds} rounds)", c.rounds, lengths,
+                    control))
+    return rows
+
+
+def part1(sampler: Sampler, label: str, cases: list[Case], n_tokens: int, seed: int,
+          control: str | None = None) -> list[Row]:
+    rows = []
+    for case in cases:
+        rng = rng_for(seed, "part1", label, case.name)
+        q_reported = sharpen(case.q) if control == "unwarped q" else None
+        counts = drive(sampler, case, n_tokens, rng, q_reported)
+        rows += verify_rows(case, counts, control)
+    return rows
+
+
+# ----------------------------------------------------------------- part 2/3: end to end with models
+
+
+@dataclass
+class E2E:
+    """One end-to-end configuration: sampling parameters, gamma and the number of new tokens L."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    gamma: int = 3
+    L: int = 3
+    draft: str = "near"  # part 2: which of tiny_models' drafts
+
+    @property
+    def name(self) -> str:
+        s = f"T={self.temperature:g}"
+        s += f" top_k={self.top_k}" if self.top_k else ""
+        s += f" top_p={self.top_p:g}" if self.top_p < 1 else ""
+        return f"{s} g={self.gamma} L={self.L}"
+
+
+def exact_joint(target, prompt: list[int], cfg: E2E) -> dict[tuple[int, ...], float]:
+    """P(next L tokens = x) for every x of nonzero probability, from the target alone: the warped
+    distribution after every prefix (Model.logits, no cache), multiplied down the tree."""
+    from minispec.speculative import sampled_vocab_size
+
+    V = sampled_vocab_size(target)
+    law: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == cfg.L:
+            law[prefix] = prob
+            return
+        z = target.logits(prompt + list(prefix))[-1, :V]  # the ids generation samples from
+        row = warp(z, cfg.temperature, cfg.top_k, cfg.top_p)
+        for x in np.flatnonzero(row > 0):
+            walk(prefix + (int(x),), prob * float(row[x]))
+
+    walk((), 1.0)
+    return law
+
+
+def joint_row(part: str, label: str, law: dict, samples: list[tuple[int, ...]],
+              control: str | None = None) -> Row:
+    """G-test of the sampled L-token continuations against the exact law."""
+    cells = sorted(law, key=law.get, reverse=True)
+    index = {x: i for i, x in enumerate(cells)}
+    observed = np.zeros(len(cells) + 1)  # last cell: continuations the target cannot produce
+    for s in samples:
+        observed[index.get(s, len(cells))] += 1
+    probs = np.append([law[x] for x in cells], 0.0)
+    fit = combine([g_parts(observed, probs)])
+    top = min(len(cells), 12)
+    labels = [" ".join(map(str, x)) for x in cells[:top]] + ["other"]
+    exact = np.append(probs[:top], probs[top:].sum())
+    empirical = np.append(observed[:top], observed[top:].sum()) / max(1, len(samples))
+    test = f"joint of {len(law)} outcome{'s' if len(law) > 1 else ''}"
+    return Row(part, label, test, len(samples), fit, control, hist=(labels, exact, empirical))
+
+
+class UnwarpedDrafter:
+    """A broken drafter (a control): draws each draft token from the draft model's logits at
+    temperature 1 but reports q warped with the run's temperature, as a loop that warps the
+    distribution it reports but not the one it samples would. Full recompute, no cache."""
+
+    name = "model"
+
+    def __init__(self, model, top_k: int = 0):
+        self.model, self.top_k = model, top_k
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, context, gamma, warp_fn, rng):
+        ctx = list(context)
+        tokens, qs = [], []
+        for _ in range(gamma):
+            z = self.model.logits(ctx)[-1]
+            x = sample(warp(z, 1.0, self.top_k), rng)  # the bug: the temperature is not applied
+            tokens.append(x)
+            qs.append(warp_fn(z))
+            ctx.append(x)
+        return np.array(tokens, dtype=np.int64), np.array(qs, dtype=np.float64).reshape(gamma, -1)
+
+    def accept(self, context) -> None:
+        pass
+
+
+def control_drafter(model):
+    """The model drafter for the broken-verify controls. Their corrections can repeat the rejected
+    draft, which a correct verify never does (residual(x) = 0 there); ModelDrafter.accept would
+    then keep the whole context cached and the next propose have nothing to feed, so cap it."""
+    from minispec.drafters import ModelDrafter
+
+    class Drafter(ModelDrafter):
+        def accept(self, context):
+            super().accept(context)
+            self.cache.rollback(min(self.cache.length, len(context) - 1))
+
+    return Drafter(model)
+
+
+@contextlib.contextmanager
+def verify_replaced(fn: Sampler):
+    """Run speculative_generate with `fn` as its verify step (for the controls)."""
+    import minispec.speculative as spec
+
+    original = spec.verify
+    spec.verify = fn
+    try:
+        yield
+    finally:
+        spec.verify = original
+
+
+def sample_e2e(target, drafter, prompt: list[int], cfg: E2E, n: int, seed: int,
+               label: str) -> list[tuple[int, ...]]:
+    """n continuations of L tokens from speculative_generate, one seed each."""
+    from minispec.speculative import speculative_generate
+
+    base = int(rng_for(seed, "e2e", label, cfg.name, cfg.draft).integers(2**31))
+    out = []
+    for i in range(n):
+        res = speculative_generate(target, drafter, prompt, gamma=cfg.gamma, max_new_tokens=cfg.L,
+                                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                   seed=base + i)
+        out.append(tuple(res.tokens))
+    return out
+
+
+def tiny_models(seed: int) -> dict:
+    """A random target over a 16-token vocabulary and two drafts: "far", a smaller random model
+    (p and q far apart: most drafts rejected, the residual does the work), and "near", the
+    target's weights scaled down (most drafts accepted, bonus tokens common)."""
+    from minispec.config import ModelConfig
+    from minispec.loader import random_model
+
+    big = ModelConfig(vocab_size=16, hidden_size=32, n_layers=2, n_heads=2, intermediate_size=64,
+                      max_position_embeddings=64)
+    small = ModelConfig(vocab_size=16, hidden_size=16, n_layers=1, n_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    return {
+        "target": random_model(big, seed=seed, scale=0.5),  # std 0.5: peaked distributions
+        "far": random_model(small, seed=seed + 1, scale=0.5),
+        "near": random_model(big, seed=seed, scale=0.4),
+    }
+
+
+TINY_PROMPT = [1, 5, 9]
+E2E_FULL = [
+    E2E(1.0, gamma=2, L=3, draft="far"),
+    E2E(1.0, gamma=3, L=3),
+    E2E(0.6, gamma=4, L=3),
+    E2E(1.5, gamma=3, L=2, draft="far"),
+    E2E(1.5, gamma=2, L=3),
+    E2E(1.0, top_k=4, gamma=1, L=4),  # L > gamma + 1: several rounds, cache rollbacks between them
+    E2E(0.8, top_p=0.8, gamma=2, L=3, draft="far"),
+    E2E(0.6, top_k=5, top_p=0.9, gamma=3, L=3),
+]
+E2E_QUICK = [E2E(0.6, top_k=6, gamma=2, L=3, draft="far"), E2E(0.6, top_k=6, gamma=2, L=3)]
+E2E_GREEDY = E2E(0.0, gamma=3, L=4)  # one possible outcome: every sample must be the argmax path
+
+
+def e2e_controls(cfg: E2E) -> list[str]:
+    """The controls that can show in this configuration's output. A dropped bonus token is not
+    among them: the next round then drafts from the right context, so the output stays exact
+    (only slower); part 1's tokens/round test catches it."""
+    bugs = ["residual=p", "accept q/p"]
+    # "unwarped q" needs a temperature to leave out, the same support for the draws and the
+    # reported q (not so with top-p) and a near draft: with the far one nearly every draft is
+    # rejected, and the output is the residual whatever the drafts were drawn from.
+    if cfg.temperature not in (0.0, 1.0) and cfg.top_p == 1.0 and cfg.draft == "near":
+        bugs.append("unwarped q")
+    return bugs
+
+
+def part2(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list[Row], list[Row]]:
+    models = tiny_models(seed)
+    target = models["target"]
+    rows, controls = [], []
+    configs = E2E_QUICK if quick else E2E_FULL
+    for cfg in configs + ([] if quick else [E2E_GREEDY]):
+        draft = models[cfg.draft]
+        law = exact_joint(target, TINY_PROMPT, cfg)
+        m = 40 if cfg.temperature == 0 else n
+        label = f"{cfg.name}, {cfg.draft}"
+        rows.append(joint_row("2", label, law, sample_e2e(target, draft, TINY_PROMPT, cfg, m,
+                                                          seed, "true")))
+        if not with_controls or cfg.temperature == 0:
+            continue
+        for bug in e2e_controls(cfg):
+            if bug == "unwarped q":
+                samples = sample_e2e(target, UnwarpedDrafter(draft, cfg.top_k), TINY_PROMPT, cfg,
+                                     n, seed, bug)
+            else:
+                with verify_replaced(broken_sampler(bug)):
+                    samples = sample_e2e(target, control_drafter(draft), TINY_PROMPT, cfg, n,
+                                         seed, bug)
+            controls.append(joint_row("2", label, law, samples, bug))
+    return rows, controls
+
+
+SHIPPED = E2E(1.0, top_k=3, gamma=3, L=2)
+
+
+def part3(seed: int, n: int, weights: str) -> tuple[list[Row], str]:
+    """The shipped pair, if weights/target and weights/draft are there."""
+    tdir, ddir = os.path.join(weights, "target"), os.path.join(weights, "draft")
+    missing = [d for d in (tdir, ddir) if not os.path.exists(os.path.join(d, "config.json"))]
+    if missing:
+        return [], f"part 3 skipped: no model at {', '.join(missing)}"
+    import minispec
+
+    target = minispec.load(tdir, device="cpu")
+    draft = minispec.load(ddir, device="cpu")
+    prompt = target.tokenizer.encode("def main():\n    ", add_bos=True) if target.tokenizer else [0]
+    law = exact_joint(target, prompt, SHIPPED)
+    samples = sample_e2e(target, draft, prompt, SHIPPED, n, seed, "shipped")
+    return [joint_row("3", f"shipped pair {SHIPPED.name}", law, samples)], ""
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def fmt_p(p: float) -> str:
+    if p == 0.0:
+        return "<1e-300"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"{'part':<4} {'configuration':<38} {'test':<28} {'samples':>8} {'G / dof':>15} "
+          f"{'p-value':>8} {'Holm p':>8}  verdict")
+    for r in rows:
+        stat = f"{r.fit.stat:.1f} / {r.fit.dof}" if r.fit.dof else "-"
+        verdict = "pass" if r.passed else "FAIL"
+        print(f"{r.part:<4} {r.config:<38} {r.test:<28} {r.samples:>8} {stat:>15} "
+              f"{fmt_p(r.fit.pvalue):>8} {fmt_p(r.adjusted):>8}  {verdict}"
+              + (f"  ({r.fit.note})" if r.fit.note else ""))
+
+
+def judge_controls(controls: list[Row]) -> list[tuple[str, str, int, int, Row, float, bool]]:
+    """Per (part, bug): the smallest p-value over its tests, Bonferroni-corrected by their count."""
+    out = []
+    for part, bug in dict.fromkeys((r.part, r.control) for r in controls):
+        group = [r for r in controls if r.part == part and r.control == bug]
+        best = min(group, key=lambda r: r.fit.pvalue)
+        p = min(1.0, len(group) * best.fit.pvalue)
+        out.append((part, bug, len(group), sum(r.samples for r in group), best, p,
+                    p < CONTROL_ALPHA))
+    return out
+
+
+def plot(rows: list[Row], path: str) -> str:
+    """Empirical against exact histograms, one panel per test that carries one."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"--plot: matplotlib is not installed, {path} not written"
+    panels = [r for r in rows if r.hist is not None and (r.part != "1" or r.config.startswith(
+        ("dirichlet V=16", "one-hot", "near-zero", "close draft")))]
+    cols = 3
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 3.2 * nrows), squeeze=False)
+    for ax, r in zip(axes.flat, panels):
+        labels, exact, empirical = r.hist
+        x = np.arange(len(labels))
+        ax.bar(x - 0.2, exact, 0.4, label="exact")
+        ax.bar(x + 0.2, empirical, 0.4, label=f"sampled (n={r.samples})")
+        ax.set_xticks(x, labels, rotation=90 if r.part != "1" else 0, fontsize=7)
+        where = "index 0" if r.part == "1" else "next tokens"
+        ax.set_title(f"part {r.part}: {r.config}, {where}\np = {fmt_p(r.fit.pvalue)}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return f"wrote {path}"
+
+
+# -------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the CI subset (well under a minute)")
+    ap.add_argument("--sampler", metavar="MODULE:FUNCTION",
+                    help="judge this verify step (parts 1 and 4) instead of minispec's")
+    ap.add_argument("--plot", metavar="PNG", help="empirical against exact histograms")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--weights", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                      "weights"), help="the shipped pair's folder")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    n_tokens = 5000 if args.quick else 20000  # part 1, per configuration and sampler
+    n_e2e = 600 if args.quick else 2000  # part 2, per configuration and sampler
+    n_shipped = 1500  # part 3
+
+    from minispec.speculative import verify as minispec_verify
+
+    if args.sampler:
+        sampler, name = load_sampler(args.sampler), args.sampler
+    else:
+        sampler, name = minispec_verify, "minispec.speculative.verify"
+    print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
+          f"sampler {name}")
+    cases = verify_cases(args.seed, args.quick)
+    rows = part1(sampler, "true", cases, n_tokens, args.seed)
+    controls = []
+    for bug in BUGS:
+        broken = minispec_verify if bug == "unwarped q" else broken_sampler(bug)
+        controls += part1(broken, bug, cases, n_tokens, args.seed, control=bug)
+    notes = []
+    if args.sampler:
+        notes.append("parts 2 and 3 skipped: they test minispec's speculative_generate")
+    else:
+        e2e_rows, e2e_controls = part2(args.seed, args.quick, n_e2e, with_controls=True)
+        rows += e2e_rows
+        controls += e2e_controls
+        if args.quick:
+            notes.append("part 3 skipped in --quick")
+        else:
+            shipped_rows, why = part3(args.seed, n_shipped, args.weights)
+            rows += shipped_rows
+            notes += [why] if why else []
+
+    for r, adj in zip(rows, holm([r.fit.pvalue for r in rows])):
+        r.adjusted = adj
+        r.passed = adj >= FAMILY_ALPHA
+    print()
+    print_table(rows)
+    tested = [r.fit.pvalue for r in rows if r.fit.dof > 0 and not r.fit.note]
+    ks = stats.kstest(tested, "uniform") if len(tested) >= 2 else None
+    if any(r.part == "2" for r in rows):
+        print("Part 2 drafts: far = a smaller random model (most drafts rejected); near = the "
+              "target's random weights drawn at 0.8x the scale (most accepted).")
+    print(f"\nMultiple testing: Holm over the {len(rows)} true tests at family alpha "
+          f"{FAMILY_ALPHA} (a test passes when its Holm-adjusted p-value is >= alpha).")
+    if ks is not None:
+        print(f"Diagnostic: the {len(tested)} true p-values against U(0, 1), Kolmogorov-Smirnov "
+              f"D = {ks.statistic:.3f}, p = {fmt_p(ks.pvalue)} (shown, not part of the verdict).")
+
+    judged = judge_controls(controls)
+    print(f"\nControls: broken samplers, same tests and sample budget; each must be rejected at "
+          f"p < {CONTROL_ALPHA:g} (its smallest p-value times its number of tests, Bonferroni).")
+    print(f"{'part':<4} {'control':<12} {'tests':>5} {'samples':>8}  {'smallest p at':<60} "
+          f"{'p-value':>8}  verdict")
+    for part, bug, m, n, best, p, rejected in judged:
+        where = f"{best.config}: {best.test}"
+        print(f"{part:<4} {bug:<12} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
+              f"{'rejected' if rejected else 'NOT REJECTED'}")
+    for bug, text in BUGS.items():
+        print(f"  {bug}: {text}")
+    for note in notes:
+        print(f"Note: {note}")
+    if args.plot:
+        print(plot(rows, args.plot))
+
+    ok_rows = all(r.passed for r in rows)
+    ok_controls = all(j[-1] for j in judged)
+    print(f"\n{'PASS' if ok_rows and ok_controls else 'FAIL'}: "
+          f"{sum(r.passed for r in rows)}/{len(rows)} true tests pass, "
+          f"{sum(j[-1] for j in judged)}/{len(judged)} controls rejected, "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0 if ok_rows and ok_controls else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
