@@ -426,8 +426,10 @@ def _hf_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers"))
 
 
-def _hf_setup(args, threads: int):
-    """Load the pair into transformers (float32, like minispec's CPU compute dtype)."""
+def _hf_load_pair(args, threads: int) -> dict:
+    """The pair in transformers, float32 like minispec's CPU compute: {"torch", "target",
+    "draft" (drafting gamma tokens, never cut short), "draft_defaults" (transformers' own
+    assisted-generation settings)}."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -443,7 +445,41 @@ def _hf_setup(args, threads: int):
             m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
         return m.to(dev).eval()
 
-    return torch, load
+    hf = {"torch": torch, "target": load(args.target), "draft": load(args.draft),
+          "draft_defaults": load(args.draft)}
+    if args.gamma != "auto":
+        cfg = hf["draft"].generation_config
+        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = int(args.gamma), "constant"
+        cfg.assistant_confidence_threshold = 0.0
+    return hf
+
+
+def hf_time_decode_step(torch, model, k: int = 1, context: int = 64, repeats: int = 20,
+                        warmup: int = 3) -> float:
+    """time_decode_step for a transformers model: median seconds of a k-token forward on a
+    cache of `context` positions (cropped back after each call)."""
+    ids = torch.arange(context + k, device=model.device)[None] % 256
+    times = []
+    with torch.inference_mode():
+        cache = model(ids[:, :context], use_cache=True).past_key_values
+        for i in range(warmup + repeats):
+            t0 = time.perf_counter()
+            model(ids[:, context:], past_key_values=cache, use_cache=True)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+            cache.crop(-k)  # forget the k tokens just fed
+    return median(times)
+
+
+def _hf_costs(hf: dict, context: int, repeats: int) -> dict:
+    """transformers' decode step, c and verify-cost curve on the same pair, for comparison."""
+    torch, target = hf["torch"], hf["target"]
+    steps = {k: hf_time_decode_step(torch, target, k, context, repeats) for k in range(1, 10)}
+    draft_step = hf_time_decode_step(torch, hf["draft"], 1, context, repeats)
+    return {"target_step_s": steps[1], "draft_step_s": draft_step, "c": draft_step / steps[1],
+            "verify_cost": {str(k): t / steps[1] for k, t in steps.items()}}
 
 
 def _hf_generator(torch, model, *, max_new, temperature, eos, assistant=None):
@@ -477,7 +513,6 @@ def _agreement(a: list, b: list) -> dict:
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark described by parsed `args`; the report as a JSON-ready dict."""
     from .loader import load
-    from .speculative import autoregressive_generate, speculative_generate
 
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 2, 8, 1
@@ -522,8 +557,11 @@ def run(args: argparse.Namespace) -> dict:
         report["settings"]["blas_threads"] = n_threads
         report["costs"] = _measure_costs(target, draft, context, step_repeats, copy_big,
                                          args.threads, cores, args.quick)
-        methods = _methods(args, target, draft, gamma, eos, use_hf, report,
-                           autoregressive_generate, speculative_generate)
+        hf = _hf_load_pair(args, args.threads) if use_hf else None
+        if hf is not None:
+            report["settings"]["torch_threads"] = hf["torch"].get_num_threads()
+            report["costs"]["hf"] = _hf_costs(hf, context, step_repeats)
+        methods = _methods(args, target, draft, gamma, eos, hf)
         report["generation"] = _time_methods(methods, prompts, args.repeats)
     _derive(report, gamma)
     return report
@@ -552,31 +590,28 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     return costs
 
 
-def _methods(args, target, draft, gamma, eos, use_hf, report, autoregressive, speculative):
+def _methods(args, target, draft, gamma, eos, hf):
     """{name: generate(ids) -> result} for every method the run compares."""
+    from .speculative import autoregressive_generate, speculative_generate
+
     common = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                  "eos_token_id": eos}
+              "eos_token_id": eos}
     methods = {
         "minispec autoregressive":
-            lambda ids: autoregressive(target, ids, seed=0, **common),
+            lambda ids: autoregressive_generate(target, ids, seed=0, **common),
         "minispec speculative":
-            lambda ids: speculative(target, draft, ids, gamma=gamma, seed=0, **common),
+            lambda ids: speculative_generate(target, draft, ids, gamma=gamma, seed=0, **common),
     }
-    if not use_hf:
+    if hf is None:
         return methods
-    torch, hf_load = _hf_setup(args, args.threads)
-    report["settings"]["torch_threads"] = torch.get_num_threads()
-    hf_target, hf_draft = hf_load(args.target), hf_load(args.draft)
+    torch, hf_target = hf["torch"], hf["target"]
     kw = {"max_new": args.max_new_tokens, "temperature": args.temperature, "eos": eos}
     methods["hf generate"] = _hf_generator(torch, hf_target, **kw)
-    if gamma != "auto":  # the same pair, the same gamma, drafting never cut short
-        cfg = hf_draft.generation_config
-        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
-        cfg.assistant_confidence_threshold = 0.0
-        methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=hf_draft, **kw)
-    if gamma == "auto" or not args.quick:  # transformers' own defaults for assisted generation
+    if gamma != "auto":  # the same pair, the same gamma
+        methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=hf["draft"], **kw)
+    if gamma == "auto" or not args.quick:
         methods["hf assisted (hf defaults)"] = _hf_generator(
-            torch, hf_target, assistant=hf_load(args.draft), **kw)
+            torch, hf_target, assistant=hf["draft_defaults"], **kw)
     return methods
 
 
@@ -712,10 +747,18 @@ def format_report(report: dict) -> str:
         "  verify cost t(k)/t(1), k tokens in one target call:",
         "    k     " + " ".join(f"{k:>5}" for k in costs["verify_cost"]),
         "    ratio " + " ".join(f"{r:5.2f}" for r in costs["verify_cost"].values()),
-        "  target decode step by BLAS threads: " + ", ".join(
-            f"{n} thread{'s' if n != '1' else ''} {t * ms:.3f} ms"
-            for n, t in costs["target_step_s_by_threads"].items()),
     ]
+    if "hf" in costs:
+        hf = costs["hf"]
+        lines += [
+            "    torch " + " ".join(f"{r:5.2f}" for r in hf["verify_cost"].values()),
+            (f"  transformers (torch) on the same pair: target step "
+             f"{hf['target_step_s'] * ms:.3f} ms, draft step {hf['draft_step_s'] * ms:.3f} ms, "
+             f"c = {hf['c']:.3f}"),
+        ]
+    lines.append("  target decode step by BLAS threads: " + ", ".join(
+        f"{n} thread{'s' if n != '1' else ''} {t * ms:.3f} ms"
+        for n, t in costs["target_step_s_by_threads"].items()))
     fl = report["floor"]
     lines += [
         (f"  memory floor        {fl['weight_bytes'] / 1e6:.1f} MB of weights / "

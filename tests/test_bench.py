@@ -196,3 +196,6 @@ def test_bench_against_transformers(pair, capsys):
     agree = r["greedy_agreement"]["hf generate vs minispec autoregressive"]
     assert agree["identical"] == agree["total"]
     assert np.isfinite(r["aims"]["speculative >= hf assisted"]["value"])
+    hf = r["costs"]["hf"]
+    assert list(hf["verify_cost"]) == [str(k) for k in range(1, 10)]
+    assert hf["c"] == pytest.approx(hf["draft_step_s"] / hf["target_step_s"])
