@@ -228,6 +228,28 @@ def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
     return median(times)
 
 
+def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
+    and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
+    attention over the cache, Python) is the step's time minus this."""
+    from .model import linear
+
+    xp, w = model.xp, model.weights
+    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+    mats = [layer[n] for layer in w["layers"] for n in names if layer.get(n) is not None]
+    mats.append(w["lm_head"])
+    xs = {m.shape[0]: xp.ones((k, m.shape[0]), dtype=model.dtype) for m in mats}
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        for m in mats:
+            linear(xs[m.shape[0]], m)
+        _sync(model)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
 def cost_ratio(target, draft, context: int = 64, repeats: int = 20) -> dict[str, float]:
     """c of Theorem 3.8: median draft decode step / median target decode step (one token, warm
     cache of `context` positions). Returns {"c", "draft_step_s", "target_step_s"}."""
@@ -574,6 +596,9 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     costs.update(cost_ratio(target, draft, context, repeats))
     costs["verify_cost"] = {str(k): r for k, r in
                             verify_cost_curve(target, ks, context, repeats).items()}
+    costs["target_matmul_s"] = time_matmuls(target, 1, repeats)
+    costs["target_matmul_s_k5"] = time_matmuls(target, 5, repeats)
+    costs["draft_matmul_s"] = time_matmuls(draft, 1, repeats)
     by_threads = {}
     for n in sorted({threads, 1, cores}):
         with blas_threads(n) as actual:
@@ -740,8 +765,11 @@ def format_report(report: dict) -> str:
         "",
         (f"costs (warm cache of {costs['context']} positions, median of {costs['step_repeats']} "
          "calls)"),
-        f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms",
-        f"  draft decode step   {costs['draft_step_s'] * ms:7.3f} ms",
+        (f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms   (its weight matmuls "
+         f"alone {costs['target_matmul_s'] * ms:.3f} ms; with 5 tokens "
+         f"{costs['target_matmul_s_k5'] * ms:.3f} ms)"),
+        (f"  draft decode step   {costs['draft_step_s'] * ms:7.3f} ms   (its weight matmuls "
+         f"alone {costs['draft_matmul_s'] * ms:.3f} ms)"),
         (f"  cost ratio c        {costs['c']:7.3f}   (draft step / target step; in the loop, "
          f"with warping and sampling: {th['c_in_loop']:.3f})"),
         "  verify cost t(k)/t(1), k tokens in one target call:",

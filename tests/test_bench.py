@@ -157,6 +157,7 @@ def test_bench_json_is_consistent(pair, capsys):
     assert list(costs["verify_cost"]) == [str(k) for k in range(1, 10)]
     assert costs["verify_cost"]["1"] == 1.0
     assert costs["c"] == pytest.approx(costs["draft_step_s"] / costs["target_step_s"])
+    assert costs["target_matmul_s"] > 0 and costs["draft_matmul_s"] > 0
     st = sp["stats"]
     assert th["alpha"] == pytest.approx(bench.per_token_alpha(st["accepted"], st["rejections"]))
     assert th["speedup"] == pytest.approx(sp["tokens_per_second"] / ar["tokens_per_second"])
