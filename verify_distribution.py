@@ -55,6 +55,10 @@ MIN_EXPECTED = 5.0  # cells with a smaller expected count are merged into an "ot
 # Outcomes of probability below this count as impossible: one draw of them fails the test. For an
 # exact sampler that happens with probability < samples * their total mass < 1e-4 in every test.
 IMPOSSIBLE = 1e-12
+# The configurations (part 1's p and q, part 2's random models) are fixed; --seed changes only
+# the draws, so a run under another seed tests the same distributions.
+CASES_SEED = 0
+MODELS_SEED = 0
 
 Sampler = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
 
@@ -224,9 +228,10 @@ def softmax(z: np.ndarray) -> np.ndarray:
     return normalize(np.exp(z - z.max(axis=-1, keepdims=True)))
 
 
-def verify_cases(seed: int, quick: bool) -> list[Case]:
-    """The part-1 configurations: vocabulary 8 to 32, gamma 0 to 8, and the awkward shapes."""
-    r = rng_for(seed, "cases")
+def verify_cases(quick: bool) -> list[Case]:
+    """The part-1 configurations: vocabulary 8 to 32, gamma 0 to 8, and the awkward shapes.
+    Fixed (not drawn with --seed): the control's power was checked on these."""
+    r = rng_for(CASES_SEED, "cases")
     cases = []
 
     def add(name, p, q):
@@ -517,10 +522,11 @@ def sample_e2e(target, drafter, prompt: list[int], cfg: E2E, n: int, seed: int,
     return out
 
 
-def tiny_models(seed: int) -> dict:
+def tiny_models(seed: int = MODELS_SEED) -> dict:
     """A random target over a 16-token vocabulary and two drafts: "far", a smaller random model
     (p and q far apart: most drafts rejected, the residual does the work), and "near", the
-    target's weights scaled down (most drafts accepted, bonus tokens common)."""
+    target's weights drawn at 0.6x the scale (total variation 0.2 to 0.6 from the target: many
+    drafts accepted, bonus tokens common, and every control shows)."""
     from minispec.config import ModelConfig
     from minispec.loader import random_model
 
@@ -531,7 +537,7 @@ def tiny_models(seed: int) -> dict:
     return {
         "target": random_model(big, seed=seed, scale=0.5),  # std 0.5: peaked distributions
         "far": random_model(small, seed=seed + 1, scale=0.5),
-        "near": random_model(big, seed=seed, scale=0.4),
+        "near": random_model(big, seed=seed, scale=0.3),
     }
 
 
@@ -546,7 +552,7 @@ E2E_FULL = [
     E2E(0.8, top_p=0.8, gamma=2, L=3, draft="far"),
     E2E(0.6, top_k=5, top_p=0.9, gamma=3, L=3),
 ]
-E2E_QUICK = [E2E(0.6, top_k=6, gamma=2, L=3, draft="far"), E2E(0.6, top_k=6, gamma=2, L=3)]
+E2E_QUICK = [E2E(0.5, top_k=6, gamma=3, L=3)]  # the three controls' power: checked on this one
 E2E_GREEDY = E2E(0.0, gamma=3, L=4)  # one possible outcome: every sample must be the argmax path
 
 
@@ -564,11 +570,11 @@ def e2e_controls(cfg: E2E) -> list[str]:
 
 
 def part2(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list[Row], list[Row]]:
-    models = tiny_models(seed)
+    models = tiny_models()
     target = models["target"]
     rows, controls = [], []
     configs = E2E_QUICK if quick else E2E_FULL
-    for cfg in configs + ([] if quick else [E2E_GREEDY]):
+    for cfg in configs + [E2E_GREEDY]:
         draft = models[cfg.draft]
         law = exact_joint(target, TINY_PROMPT, cfg)
         m = 40 if cfg.temperature == 0 else n
@@ -685,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     n_tokens = 5000 if args.quick else 20000  # part 1, per configuration and sampler
-    n_e2e = 600 if args.quick else 2000  # part 2, per configuration and sampler
+    n_e2e = 800 if args.quick else 2000  # part 2, per configuration and sampler
     n_shipped = 1500  # part 3
 
     from minispec.speculative import verify as minispec_verify
@@ -696,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler, name = minispec_verify, "minispec.speculative.verify"
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"sampler {name}")
-    cases = verify_cases(args.seed, args.quick)
+    cases = verify_cases(args.quick)
     rows = part1(sampler, "true", cases, n_tokens, args.seed)
     controls = []
     for bug in BUGS:
@@ -725,7 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     ks = stats.kstest(tested, "uniform") if len(tested) >= 2 else None
     if any(r.part == "2" for r in rows):
         print("Part 2 drafts: far = a smaller random model (most drafts rejected); near = the "
-              "target's random weights drawn at 0.8x the scale (most accepted).")
+              "target's random weights drawn at 0.6x the scale (many accepted).")
     print(f"\nMultiple testing: Holm over the {len(rows)} true tests at family alpha "
           f"{FAMILY_ALPHA} (a test passes when its Holm-adjusted p-value is >= alpha).")
     if ks is not None:

@@ -37,7 +37,7 @@ def test_quick_run_passes_with_every_row():
         assert f"1    {case}" in out
     for test in ("tokens by index", "next token | token", "tokens/round", "joint of"):
         assert test in out
-    assert "L=3, far" in out and "L=3, near" in out
+    assert "L=3, near" in out and "T=0 g=3 L=4" in out
     for part, bug in [("1", "residual=p"), ("1", "no bonus"), ("1", "accept q/p"),
                       ("1", "unwarped q"), ("2", "residual=p"), ("2", "accept q/p"),
                       ("2", "unwarped q")]:
