@@ -57,14 +57,13 @@ def verify(p, q, draft_tokens, rng: np.random.Generator) -> np.ndarray:
     # every accelerator, and is slow)
     torch.default_generator.manual_seed(int(rng.integers(2**63)))
     g = len(draft_tokens)
-    p_t = torch.as_tensor(np.asarray(p, dtype=np.float64))
     if g == 0:
         # transformers never calls the step without candidates (it would slice the whole prompt
         # as candidates): with nothing drafted, generation samples from the target directly
-        return np.array([int(torch.multinomial(p_t[0], 1))], dtype=np.int64)
+        return np.array([int(torch.multinomial(torch.tensor(p[0]), 1))], dtype=np.int64)
     with np.errstate(divide="ignore"):  # log 0 = -inf, and softmax(-inf) = 0 again
-        new_logits = torch.as_tensor(np.log(np.asarray(p, dtype=np.float64)))[None]  # [1, g+1, V]
-        candidate_logits = torch.as_tensor(np.log(np.asarray(q, dtype=np.float64)))[None]  # [1, g, V]
+        new_logits = torch.from_numpy(np.log(np.asarray(p, np.float64)))[None]  # [1, g+1, V]
+        candidate_logits = torch.from_numpy(np.log(np.asarray(q, np.float64)))[None]  # [1, g, V]
     candidate_ids = torch.as_tensor(np.asarray(draft_tokens, dtype=np.int64))[None]  # [1, g]
     kwargs = {"is_done_candidate": False} if _takes_is_done(fn) else {}  # transformers 4.x
     tokens, _ = fn(candidate_ids, candidate_logits, g, new_logits, **kwargs)
