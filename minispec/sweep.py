@@ -21,9 +21,11 @@ What is measured, and how:
             round's cost in target steps.
   speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings.
 The theorem assumes a verify call of gamma+1 tokens costs one decode step, and that every round
-drafts gamma tokens (the n-gram drafter drafts none when nothing matches, so there it is an upper
-bound). The early-exit drafter's verify call skips the first k layers of the positions it drafted,
-so it may beat the prediction. Numbers come from one process; BLAS threads are pinned (--threads, default 1) because
+drafts gamma tokens (the n-gram drafter drafts none when nothing matches: there the prediction is
+an upper bound). Column "pred+v" puts the measured cost of the verify call, t(gamma+1 tokens) /
+t(1 token) (column "verify"), in place of that one step (bench.predicted_speedup_measured_verify).
+The early-exit drafter's verify call skips the first k layers of the positions it drafted, so it
+may beat both predictions. BLAS threads are pinned (--threads, default 1) for the whole run:
 multi-threaded BLAS makes decode-sized matmuls slow on a small, shared CPU.
 """
 
@@ -82,7 +84,8 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
     drafter: "model" (needs draft_model) | "ngram" | "early-exit"; prompts: token id lists.
     repeats: timed passes over the prompts (the median counts). Returns a JSON-ready dict:
     settings, "autoregressive" (seconds, tokens/s), the step costs and c, one row per gamma
-    (alpha, acceptance_rate, tokens_per_target_call, c, speedup, predicted_speedup, ...), and
+    (alpha, acceptance_rate, tokens_per_target_call, c, speedup, predicted_speedup, and
+    predicted_speedup_measured_verify, the theorem with the verify call's measured cost), and
     "recommended_gamma", the fastest measured.
     """
     if not prompts:
@@ -98,6 +101,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
                                repeats=repeats, warmup=0)
     context = min(64, target.config.max_position_embeddings // 2)
     target_step = bench.time_decode_step(target, 1, context)
+    verify_cost = bench.verify_cost_curve(target, range(1, max(gammas) + 2), context)
     draft_step = None
     if drafter == "model":
         draft_step = bench.time_decode_step(draft_model, 1, context)
@@ -129,6 +133,9 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
             "tokens_per_second": sp["tokens_per_second"],
             "speedup": sp["tokens_per_second"] / ar["tokens_per_second"],
             "predicted_speedup": bench.predicted_speedup(alpha, gamma, c),
+            "verify_ratio": verify_cost[gamma + 1],
+            "predicted_speedup_measured_verify": bench.predicted_speedup_measured_verify(
+                alpha, gamma, c, verify_cost[gamma + 1]),
             "identical_to_autoregressive": sum(
                 a.tokens == b.tokens for a, b in zip(results, ar["results"])),
         })
@@ -154,15 +161,16 @@ def format_table(report: dict) -> str:
     if report["draft_step_s"] is not None:
         steps += f", draft step {report['draft_step_s'] * ms:.2f} ms"
     header = (f"{'gamma':>5} {'accept':>7} {'alpha':>6} {'tok/call':>9} {'c':>7} "
-              f"{'speedup':>8} {'predicted':>10}")
+              f"{'verify':>7} {'speedup':>8} {'predicted':>10} {'pred+v':>7}")
     first = (f"autoregressive: {ar['new_tokens']} tokens in {ar['seconds']:.2f} s, "
              f"{ar['tokens_per_second']:.1f} tok/s; {steps} (one token, warm cache of "
              f"{report['step_context']} positions)")
     lines = [first, "", header]
     for r in report["rows"]:
         lines.append(f"{r['gamma']:>5} {r['acceptance_rate']:>7.3f} {r['alpha']:>6.3f} "
-                     f"{r['tokens_per_target_call']:>9.2f} {r['c']:>7.4f} {r['speedup']:>7.2f}x "
-                     f"{r['predicted_speedup']:>9.2f}x")
+                     f"{r['tokens_per_target_call']:>9.2f} {r['c']:>7.4f} "
+                     f"{r['verify_ratio']:>7.2f} {r['speedup']:>7.2f}x "
+                     f"{r['predicted_speedup']:>9.2f}x {r['predicted_speedup_measured_verify']:>6.2f}x")
     best = next(r for r in report["rows"] if r["gamma"] == report["recommended_gamma"])
     lines.append("")
     lines.append(f"recommended gamma: {best['gamma']} (fastest measured: {best['speedup']:.2f}x "
@@ -173,7 +181,9 @@ def format_table(report: dict) -> str:
                      f"prompts at every gamma" if min(same) == s["prompts"] else
                      f"WARNING: greedy outputs differ from autoregressive: {same}")
     lines.append("alpha = accepted / (accepted + rejections); accept = accepted / drafted; "
-                 "predicted = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))")
+                 "predicted = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) (Theorem 3.8); "
+                 "verify = t(gamma+1 tokens) / t(1 token) of one target call, measured; pred+v = "
+                 "the theorem with that verify cost in place of 1")
     return "\n".join(lines)
 
 
@@ -191,6 +201,8 @@ def plot(report: dict, path: str) -> str:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured")
     ax.plot(gammas, [r["predicted_speedup"] for r in rows], "s--", label="Theorem 3.8")
+    ax.plot(gammas, [r["predicted_speedup_measured_verify"] for r in rows], "^:",
+            label="Theorem 3.8, measured verify cost")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("gamma (draft tokens per round)")
     ax.set_ylabel("speedup over autoregressive")

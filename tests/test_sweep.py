@@ -42,6 +42,7 @@ def test_sweep_has_a_row_per_gamma_with_the_theorem_beside_it(drafter):
         assert 1 <= r["tokens_per_target_call"] <= r["gamma"] + 1
         assert r["c"] > 0 and r["speedup"] > 0
         assert r["predicted_speedup"] == bench.predicted_speedup(r["alpha"], r["gamma"], r["c"])
+        assert r["verify_ratio"] > 0 and r["predicted_speedup_measured_verify"] > 0
         assert r["identical_to_autoregressive"] == len(PROMPTS)  # greedy: the target's output
     best = max(rows, key=lambda r: r["speedup"])
     assert report["recommended_gamma"] == best["gamma"]
@@ -125,7 +126,7 @@ def test_command_line_prints_a_row_per_gamma(checkpoint, capsys, tmp_path):
     assert "BLAS threads" in out and "recommended gamma" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"],
                                                                               ["3"])]
-    assert [r[0] for r in rows] == ["1", "2", "3"] and all(len(r) == 7 for r in rows)
+    assert [r[0] for r in rows] == ["1", "2", "3"] and all(len(r) == 9 for r in rows)
     png = tmp_path / "sweep.png"
     assert sweep.main(args + ["--drafter", "early-exit", "--json", "--plot", str(png)]) == 0
     captured = capsys.readouterr()
