@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         with torch.no_grad():
             for pr in prompts:
-                ids = [0] + tok.encode(pr["text"]).ids
+                ids = [0] + tok.encode(pr["text"], add_special_tokens=False).ids
                 r = run(target, draft, ids, gamma=args.gamma, max_new=args.max_new_tokens,
                         temperature=temperature, gen=gen)
                 totals = [a + b for a, b in zip(totals, r)]

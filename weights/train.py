@@ -212,6 +212,19 @@ def train(model, stream, *, steps, batch, seq, lr, seed, teacher=None, log_every
     return time.time() - t0
 
 
+def with_bos_post_processor(tok_json: str) -> str:
+    """tokenizer.json that puts EOT (the BOS) in front of every text, as the model was trained:
+    transformers' AutoTokenizer and minispec's Tokenizer then both add it."""
+    doc = json.loads(tok_json)
+    doc["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {EOT: {"id": EOT, "ids": [0], "tokens": [EOT]}}}
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
 def save_pair_member(model, tok_json: str, out: Path, dtype, context: int) -> None:
     """Write one HF directory: config, safetensors weights, tokenizer files, generation config."""
     import torch
@@ -299,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                            "bytes_per_token": report["corpus"]["train_bytes"] / len(train_ids),
                            "seconds": round(time.time() - t, 1)}
     print(f"tokenizer: {report['tokenizer']}", flush=True)
-    tok_json = tok.to_str(pretty=True)
+    tok_json = with_bos_post_processor(tok.to_str(pretty=True))
     windows = eval_windows(heldout_ids, args.seq, 16 if args.quick else 64)
 
     print("target:", flush=True)
