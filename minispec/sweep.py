@@ -19,7 +19,9 @@ What is measured, and how:
             first k layers and its head. The n-gram drafter has no forward call: its c is the
             lookup's measured seconds per round / gamma / target step, so gamma c + 1 is still a
             round's cost in target steps.
-  speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings.
+  speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings,
+            each gamma timed right after an autoregressive run of its own (the load of a shared
+            machine drifts over a sweep).
 The theorem assumes a verify call of gamma+1 tokens costs one decode step, and that every round
 drafts gamma tokens (the n-gram drafter drafts none when nothing matches: there the prediction is
 an upper bound). Column "pred+v" puts the measured cost of the verify call, t(gamma+1 tokens) /
@@ -97,8 +99,6 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
           "eos_token_id": eos_token_id}
 
     autoregressive_generate(target, prompts[0], **{**kw, "max_new_tokens": 4})  # warm up
-    ar = bench.time_generation(lambda p: autoregressive_generate(target, p, **kw), prompts,
-                               repeats=repeats, warmup=0)
     context = min(64, target.config.max_position_embeddings // 2)
     target_step = bench.time_decode_step(target, 1, context)
     verify_cost = bench.verify_cost_curve(target, range(1, max(gammas) + 2), context)
@@ -108,8 +108,13 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
     elif drafter == "early-exit":
         draft_step = bench.time_decode_step(EarlyExitStep(target, exit_layer), 1, context)
 
-    rows = []
+    rows, ar_runs = [], []
     for gamma in gammas:
+        # each gamma is timed right after its own autoregressive run: on a shared machine the
+        # load drifts over a sweep, and a speedup should compare runs under the same load
+        ar = bench.time_generation(lambda p: autoregressive_generate(target, p, **kw), prompts,
+                                   repeats=repeats, warmup=0)
+        ar_runs.append(ar)
         d = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
         sp = bench.time_generation(
             lambda p, d=d, g=gamma: speculative_generate(target, d, p, gamma=g, **kw),
@@ -131,6 +136,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
             "c": c,
             "seconds": sp["seconds"],
             "tokens_per_second": sp["tokens_per_second"],
+            "autoregressive_tokens_per_second": ar["tokens_per_second"],
             "speedup": sp["tokens_per_second"] / ar["tokens_per_second"],
             "predicted_speedup": bench.predicted_speedup(alpha, gamma, c),
             "verify_ratio": verify_cost[gamma + 1],
@@ -144,8 +150,10 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
         "settings": {"drafter": drafter, "exit_layer": exit_layer if drafter == "early-exit"
                      else None, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
                      "temperature": temperature, "repeats": repeats, "seed": seed},
-        "autoregressive": {"seconds": ar["seconds"], "new_tokens": ar["new_tokens"],
-                           "tokens_per_second": ar["tokens_per_second"]},
+        "autoregressive": {"seconds": bench.median([a["seconds"] for a in ar_runs]),
+                           "new_tokens": ar_runs[0]["new_tokens"],
+                           "tokens_per_second": bench.median(
+                               [a["tokens_per_second"] for a in ar_runs])},
         "target_step_s": target_step,
         "draft_step_s": draft_step,
         "step_context": context,
@@ -163,7 +171,7 @@ def format_table(report: dict) -> str:
     header = (f"{'gamma':>5} {'accept':>7} {'alpha':>6} {'tok/call':>9} {'c':>7} "
               f"{'verify':>7} {'speedup':>8} {'predicted':>10} {'pred+v':>7}")
     first = (f"autoregressive: {ar['new_tokens']} tokens in {ar['seconds']:.2f} s, "
-             f"{ar['tokens_per_second']:.1f} tok/s; {steps} (one token, warm cache of "
+             f"{ar['tokens_per_second']:.1f} tok/s (median of the runs beside each gamma); {steps} (one token, warm cache of "
              f"{report['step_context']} positions)")
     lines = [first, "", header]
     for r in report["rows"]:
