@@ -171,14 +171,15 @@ def format_table(report: dict) -> str:
     header = (f"{'gamma':>5} {'accept':>7} {'alpha':>6} {'tok/call':>9} {'c':>7} "
               f"{'verify':>7} {'speedup':>8} {'predicted':>10} {'pred+v':>7}")
     first = (f"autoregressive: {ar['new_tokens']} tokens in {ar['seconds']:.2f} s, "
-             f"{ar['tokens_per_second']:.1f} tok/s (median of the runs beside each gamma); {steps} (one token, warm cache of "
-             f"{report['step_context']} positions)")
+             f"{ar['tokens_per_second']:.1f} tok/s (median of the runs beside each gamma); "
+             f"{steps} (one token, warm cache of {report['step_context']} positions)")
     lines = [first, "", header]
     for r in report["rows"]:
         lines.append(f"{r['gamma']:>5} {r['acceptance_rate']:>7.3f} {r['alpha']:>6.3f} "
                      f"{r['tokens_per_target_call']:>9.2f} {r['c']:>7.4f} "
                      f"{r['verify_ratio']:>7.2f} {r['speedup']:>7.2f}x "
-                     f"{r['predicted_speedup']:>9.2f}x {r['predicted_speedup_measured_verify']:>6.2f}x")
+                     f"{r['predicted_speedup']:>9.2f}x "
+                     f"{r['predicted_speedup_measured_verify']:>6.2f}x")
     best = next(r for r in report["rows"] if r["gamma"] == report["recommended_gamma"])
     lines.append("")
     lines.append(f"recommended gamma: {best['gamma']} (fastest measured: {best['speedup']:.2f}x "
