@@ -53,9 +53,26 @@ def norm(x, w, b, eps: float):
     return rms_norm(x, w, eps) if b is None else layer_norm(x, w, b, eps)
 
 
+K_SLICE = 64  # input features per slice when linear() multiplies a few rows on the CPU (see there)
+
+
 def linear(x, w, b=None):
-    """x @ w (+ b); w is stored [in, out]."""
-    y = x @ w
+    """x @ w (+ b); w is stored [in, out].
+
+    A few float32 rows on the CPU (2 to 16: a verify call's gamma + 1 tokens, a drafter's
+    catch-up) are multiplied K_SLICE input features at a time and summed, the same product.
+    OpenBLAS's sgemm first copies ("packs") the whole of w when given a handful of rows, which
+    makes a 5-row product cost 2-3x a 1-row one (a matrix-vector product, no copy); slices of w
+    go through its no-copy kernel and bring that down. `minispec bench` measures the ratio
+    (its verify-cost curve); on a GPU and for one row or many, one matmul is best.
+    """
+    t = x.shape[0]
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < t <= 16 and len(w) > K_SLICE:
+        y = x[:, :K_SLICE] @ w[:K_SLICE]  # [T, D] -> [T, F], summed over slices of D
+        for i in range(K_SLICE, len(w), K_SLICE):
+            y += x[:, i:i + K_SLICE] @ w[i:i + K_SLICE]
+    else:
+        y = x @ w
     return y if b is None else y + b
 
 
@@ -140,7 +157,7 @@ def attention(xp, q, k, v, mask):
 def mlp(xp, x, p: dict[str, Any]):
     """SwiGLU (w_gate present) or GPT-2's GELU MLP. x [T, D] -> [T, F] -> [T, D]."""
     if p["w_gate"] is not None:
-        hidden = silu(xp, x @ p["w_gate"]) * (x @ p["w_up"])  # [T, D] -> [T, F]
+        hidden = silu(xp, linear(x, p["w_gate"])) * linear(x, p["w_up"])  # [T, D] -> [T, F]
     else:
         hidden = gelu_new(xp, linear(x, p["w_up"], p["b_up"]))  # [T, D] -> [T, F]
     return linear(hidden, p["w_down"], p["b_down"])  # [T, F] -> [T, D]
@@ -295,7 +312,7 @@ class Model:
         """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device)."""
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)
-        return (h @ w["lm_head"]).astype("float32", copy=False)  # [T, D] -> [T, V]
+        return linear(h, w["lm_head"]).astype("float32", copy=False)  # [T, D] -> [T, V]
 
     # -- whole passes ---------------------------------------------------------------------------
 
