@@ -15,10 +15,10 @@ What is measured, and how:
             probability. Drafts after a round's first rejection are never tested, so the
             acceptance rate accepted / drafted (column "accept") understates it for gamma > 1.
   c         draft step / target step, each a one-token forward on a warm cache (median of
-            repeats, bench.time_decode_step); for the early-exit drafter the step is the target's
-            first k layers and its head. The n-gram drafter has no forward call: its c is the
-            lookup's measured seconds per round / gamma / target step, so gamma c + 1 is still a
-            round's cost in target steps.
+            repeats, bench.time_decode_step, taken beside each gamma's runs); for the early-exit
+            drafter the step is the target's first k layers and its head. The n-gram drafter has
+            no forward call: its c is the lookup's measured seconds per round / gamma / target
+            step, so gamma c + 1 is still a round's cost in target steps.
   speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings,
             each gamma timed right after an autoregressive run of its own (the load of a shared
             machine drifts over a sweep).
@@ -100,21 +100,20 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
 
     autoregressive_generate(target, prompts[0], **{**kw, "max_new_tokens": 4})  # warm up
     context = min(64, target.config.max_position_embeddings // 2)
-    target_step = bench.time_decode_step(target, 1, context)
-    verify_cost = bench.verify_cost_curve(target, range(1, max(gammas) + 2), context)
-    draft_step = None
-    if drafter == "model":
-        draft_step = bench.time_decode_step(draft_model, 1, context)
-    elif drafter == "early-exit":
-        draft_step = bench.time_decode_step(EarlyExitStep(target, exit_layer), 1, context)
+    draft = {"model": draft_model, "ngram": None,
+             "early-exit": EarlyExitStep(target, exit_layer)}[drafter]
 
-    rows, ar_runs = [], []
+    rows, ar_runs, steps = [], [], []
     for gamma in gammas:
-        # each gamma is timed right after its own autoregressive run: on a shared machine the
-        # load drifts over a sweep, and a speedup should compare runs under the same load
+        # everything a row compares is measured together, gamma by gamma: on a shared machine
+        # the load drifts over a sweep, and a ratio should compare times taken under one load
         ar = bench.time_generation(lambda p: autoregressive_generate(target, p, **kw), prompts,
                                    repeats=repeats, warmup=0)
         ar_runs.append(ar)
+        target_step = bench.time_decode_step(target, 1, context)
+        verify_ratio = bench.time_decode_step(target, gamma + 1, context) / target_step
+        draft_step = None if draft is None else bench.time_decode_step(draft, 1, context)
+        steps.append((target_step, draft_step))
         d = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
         sp = bench.time_generation(
             lambda p, d=d, g=gamma: speculative_generate(target, d, p, gamma=g, **kw),
@@ -139,9 +138,11 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
             "autoregressive_tokens_per_second": ar["tokens_per_second"],
             "speedup": sp["tokens_per_second"] / ar["tokens_per_second"],
             "predicted_speedup": bench.predicted_speedup(alpha, gamma, c),
-            "verify_ratio": verify_cost[gamma + 1],
+            "target_step_s": target_step,
+            "draft_step_s": draft_step,
+            "verify_ratio": verify_ratio,
             "predicted_speedup_measured_verify": bench.predicted_speedup_measured_verify(
-                alpha, gamma, c, verify_cost[gamma + 1]),
+                alpha, gamma, c, verify_ratio),
             "identical_to_autoregressive": sum(
                 a.tokens == b.tokens for a, b in zip(results, ar["results"])),
         })
@@ -154,8 +155,8 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
                            "new_tokens": ar_runs[0]["new_tokens"],
                            "tokens_per_second": bench.median(
                                [a["tokens_per_second"] for a in ar_runs])},
-        "target_step_s": target_step,
-        "draft_step_s": draft_step,
+        "target_step_s": bench.median([t for t, _ in steps]),
+        "draft_step_s": None if draft is None else bench.median([d for _, d in steps]),
         "step_context": context,
         "rows": rows,
         "recommended_gamma": best["gamma"],
