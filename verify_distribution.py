@@ -696,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sampler", metavar="MODULE:FUNCTION",
                     help="judge this verify step (parts 1 and 4) instead of minispec's")
     ap.add_argument("--plot", metavar="PNG", help="empirical against exact histograms")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seeds the draws; the configurations tested are fixed")
     ap.add_argument("--weights", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                       "weights"), help="the shipped pair's folder")
     args = ap.parse_args(argv)
