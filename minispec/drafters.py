@@ -139,7 +139,9 @@ class ModelDrafter:
             if n == len(context) or context[n] != d:
                 break
             n += 1
-        self.cache.rollback(n)
+        # keep at least the last context token unseen: the next propose feeds it to get logits
+        # (a sampler whose correction repeats the rejected draft would otherwise leave nothing)
+        self.cache.rollback(min(n, len(context) - 1))
 
 
 class NgramDrafter:
