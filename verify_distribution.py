@@ -601,6 +601,27 @@ def part2(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list[Row
     return rows, controls
 
 
+NGRAM_PROMPT = [1, 15, 8, 1, 15]  # "1 15" recurs: the n-gram drafter first drafts "8 1 15"
+E2E_DRAFTERS = [E2E(1.0, gamma=2, L=3), E2E(0.6, top_k=6, gamma=3, L=3)]
+
+
+def part2_drafters(seed: int, quick: bool, n: int) -> list[Row]:
+    """The model-free drafters of minispec/drafters.py end to end on the tiny target: n-gram
+    lookup (one-hot q) on a prompt with a repeat, and early exit (the target's first layer and
+    head, sharing its KV cache)."""
+    from minispec.drafters import make_drafter
+
+    target = tiny_models()["target"]
+    rows = []
+    for name in ("ngram", "early-exit"):
+        for cfg in E2E_DRAFTERS[-1:] if quick else E2E_DRAFTERS:
+            law = exact_joint(target, NGRAM_PROMPT, cfg)
+            samples = sample_e2e(target, make_drafter(name, target), NGRAM_PROMPT, cfg, n, seed,
+                                 name)
+            rows.append(joint_row("2", f"{cfg.name}, {name}", law, samples))
+    return rows
+
+
 SHIPPED = E2E(1.0, top_k=3, gamma=3, L=2)
 
 
@@ -726,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         e2e_rows, e2e_controls = part2(args.seed, args.quick, n_e2e, with_controls=True)
         rows += e2e_rows
+        rows += part2_drafters(args.seed, args.quick, n_e2e)
         controls += e2e_controls
         if args.quick:
             notes.append("part 3 skipped in --quick")
