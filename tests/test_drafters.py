@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import binomtest, chisquare
+from stats_helpers import pooled_chisquare
 
 from minispec.backend import to_host
 from minispec.config import ModelConfig
@@ -318,17 +319,6 @@ def test_model_free_drafters_on_each_device(device):
 # ---- sampled output: the target's distribution ------------------------------------------------
 
 SMALL = dict(CONFIG, vocab_size=8, hidden_size=16, n_layers=2, n_heads=2, n_kv_heads=1)
-
-
-def pooled_chisquare(counts, expected, min_expected=5.0):
-    """Chi-square p-value, cells with expected count < min_expected pooled into one."""
-    small = expected < min_expected
-    assert counts[expected == 0].sum() == 0  # nothing outside the target's support
-    obs = np.append(counts[~small], counts[small].sum())
-    exp = np.append(expected[~small], expected[small].sum())
-    if exp[-1] == 0:
-        obs, exp = obs[:-1], exp[:-1]
-    return chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
 
 
 @pytest.mark.parametrize("name", ["ngram", "early-exit"])
