@@ -275,11 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seq", type=int, default=512, help="training window (= context length)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=350, help="target training steps")
-    p.add_argument("--draft-steps", type=int, default=350)
+    p.add_argument("--draft-steps", type=int, default=700)
     p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: a smoke run")
+    p.add_argument("--draft-only", action="store_true",
+                   help="keep OUT/target (made by the same command) and train only the draft")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.draft_steps, args.seq, args.vocab = 20, 20, 128, 512
@@ -315,23 +317,27 @@ def main(argv: list[str] | None = None) -> None:
     tok_json = with_bos_post_processor(tok.to_str(pretty=True))
     windows = eval_windows(heldout_ids, args.seq, 16 if args.quick else 64)
 
-    print("target:", flush=True)
-    target = LlamaForCausalLM(llama_config(QUICK_TARGET if args.quick else TARGET,
-                                           tok.get_vocab_size(), args.seq))
-    report["target"] = {"params": sum(p.numel() for p in target.parameters()),
-                        "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr}
-    report["target"]["seconds"] = round(train(target, train_ids, steps=args.steps,
-                                              batch=args.batch, seq=args.seq, lr=args.lr,
-                                              seed=args.seed), 1)
-    report["target"]["heldout"] = heldout_metrics(target, windows)
-    print(f"target: {report['target']}", flush=True)
-    save_pair_member(target, tok_json, out / "target", torch.bfloat16, args.seq)
+    if args.draft_only:  # the target stage does not depend on the draft flags
+        report["target"] = json.loads((out / "train_report.json").read_text())["target"]
+    else:
+        print("target:", flush=True)
+        target = LlamaForCausalLM(llama_config(QUICK_TARGET if args.quick else TARGET,
+                                               tok.get_vocab_size(), args.seq))
+        report["target"] = {"params": sum(p.numel() for p in target.parameters()),
+                            "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr}
+        report["target"]["seconds"] = round(train(target, train_ids, steps=args.steps,
+                                                  batch=args.batch, seq=args.seq, lr=args.lr,
+                                                  seed=args.seed), 1)
+        report["target"]["heldout"] = heldout_metrics(target, windows)
+        print(f"target: {report['target']}", flush=True)
+        save_pair_member(target, tok_json, out / "target", torch.bfloat16, args.seq)
     # distil from exactly what ships: the BF16-rounded target
     target = LlamaForCausalLM.from_pretrained(out / "target", dtype=torch.float32).eval()
     for prm in target.parameters():
         prm.requires_grad_(False)
 
     print("draft:", flush=True)
+    torch.manual_seed(args.seed + 1)  # the draft's initial weights do not depend on the target run
     draft = LlamaForCausalLM(llama_config(QUICK_DRAFT if args.quick else DRAFT,
                                           tok.get_vocab_size(), args.seq))
     report["draft"] = {"params": sum(p.numel() for p in draft.parameters()),
