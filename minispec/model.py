@@ -53,27 +53,44 @@ def norm(x, w, b, eps: float):
     return rms_norm(x, w, eps) if b is None else layer_norm(x, w, b, eps)
 
 
-K_SLICE = 64  # input features per slice when linear() multiplies a few rows on the CPU (see there)
-
-
 def linear(x, w, b=None):
-    """x @ w (+ b); w is stored [in, out].
-
-    A few float32 rows on the CPU (2 to 16: a verify call's gamma + 1 tokens, a drafter's
-    catch-up) are multiplied K_SLICE input features at a time and summed, the same product.
-    OpenBLAS's sgemm first copies ("packs") the whole of w when given a handful of rows, which
-    makes a 5-row product cost 2-3x a 1-row one (a matrix-vector product, no copy); slices of w
-    go through its no-copy kernel and bring that down. `minispec bench` measures the ratio
-    (its verify-cost curve); on a GPU and for one row or many, one matmul is best.
-    """
+    """x @ w (+ b); w is stored [in, out] (or is a transposed view: a tied LM head)."""
     t = x.shape[0]
-    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < t <= 16 and len(w) > K_SLICE:
-        y = x[:, :K_SLICE] @ w[:K_SLICE]  # [T, D] -> [T, F], summed over slices of D
-        for i in range(K_SLICE, len(w), K_SLICE):
-            y += x[:, i:i + K_SLICE] @ w[i:i + K_SLICE]
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < t <= 16:
+        y = few_rows_matmul(x, w)  # a verify call's gamma + 1 tokens, a drafter's catch-up
     else:
         y = x @ w
     return y if b is None else y + b
+
+
+SMALL_GEMM = 10**6  # OpenBLAS multiplies without repacking when rows * columns * depth <= this
+
+
+def few_rows_matmul(x, w):
+    """x @ w for a few float32 rows on the CPU, in blocks OpenBLAS multiplies without repacking.
+
+    Given a handful of rows, OpenBLAS's sgemm first copies ("packs") the whole of w, so 5 rows
+    cost about 3x one row (a matrix-vector product, which reads w in place); the tied LM head,
+    a transposed view, about 5x. Its small-matrix kernels skip that copy when rows * columns *
+    depth <= SMALL_GEMM (and, for a transposed w, rows * columns <= 1200), so w goes in blocks
+    that qualify: slices of its input rows, summed; for a transposed w, its output columns,
+    side by side. The same product, at about 1.5x one row for 5 rows (`minispec bench` shows the
+    verify-cost curve). Tuned for NumPy's OpenBLAS; harmless elsewhere.
+    """
+    t, d = x.shape
+    f = w.shape[1]
+    if w.flags.f_contiguous and not w.flags.c_contiguous:  # transposed: blocks of n columns
+        n = 128
+        while n > 8 and (n * t > 1200 or n * t * d > SMALL_GEMM):
+            n //= 2
+        return np.concatenate([x @ w[:, j:j + n] for j in range(0, f, n)], axis=1)  # [T, F]
+    k = 64
+    while k > 8 and k * t * f > SMALL_GEMM:
+        k //= 2
+    y = x[:, :k] @ w[:k]  # [T, D] -> [T, F], summed over slices of D
+    for i in range(k, d, k):
+        y += x[:, i:i + k] @ w[i:i + k]
+    return y
 
 
 def silu(xp, x):
