@@ -205,27 +205,41 @@ def _sync(model) -> None:
         model.xp.cuda.Device().synchronize()
 
 
-def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
-                     warmup: int = 3) -> float:
-    """Median seconds of one `forward` of k tokens on a warm cache holding `context` positions.
+def time_decode_steps(cases: Sequence[tuple], context: int = 64, repeats: int = 20,
+                      warmup: int = 3) -> list[float]:
+    """Median seconds of one `forward` of k tokens on a warm cache of `context` positions, for
+    each (model, k) in `cases`, timed round-robin (one call of each case in turn) so that a
+    change in the machine's load during the measurement affects every case alike.
 
     The same k tokens are fed and rolled back each time, so every call sees the same cache length:
     k = 1 is a decode step, k = gamma + 1 is a verify call.
     """
-    if k < 1 or context < 1:
-        raise MinispecError(f"time_decode_step: need k >= 1 and context >= 1, got {k}, {context}")
-    ids = (np.arange(context + k) % min(model.vocab_size, 256)).tolist()
-    cache = model.new_cache(context + k)
-    model.forward(ids[:context], cache)  # the prefill: a warm cache of `context` positions
-    times = []
+    runs = []
+    for model, k in cases:
+        if k < 1 or context < 1:
+            raise MinispecError(f"time_decode_step: need k >= 1 and context >= 1, got {k}, "
+                                f"{context}")
+        ids = (np.arange(context + k) % min(model.vocab_size, 256)).tolist()
+        cache = model.new_cache(context + k)
+        model.forward(ids[:context], cache)  # the prefill: a warm cache of `context` positions
+        runs.append((model, ids[context:], cache))
+    times: list[list[float]] = [[] for _ in runs]
     for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        model.forward(ids[context:], cache)
-        _sync(model)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-        cache.rollback(context)
-    return median(times)
+        for j, (model, new, cache) in enumerate(runs):
+            t0 = time.perf_counter()
+            model.forward(new, cache)
+            _sync(model)
+            if i >= warmup:
+                times[j].append(time.perf_counter() - t0)
+            cache.rollback(context)
+    return [median(t) for t in times]
+
+
+def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
+                     warmup: int = 3) -> float:
+    """Median seconds of one `forward` of k tokens on a warm cache holding `context` positions
+    (see time_decode_steps)."""
+    return time_decode_steps([(model, k)], context, repeats, warmup)[0]
 
 
 def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
@@ -253,17 +267,16 @@ def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float
 def cost_ratio(target, draft, context: int = 64, repeats: int = 20) -> dict[str, float]:
     """c of Theorem 3.8: median draft decode step / median target decode step (one token, warm
     cache of `context` positions). Returns {"c", "draft_step_s", "target_step_s"}."""
-    t_draft = time_decode_step(draft, 1, context, repeats)
-    t_target = time_decode_step(target, 1, context, repeats)
+    t_draft, t_target = time_decode_steps([(draft, 1), (target, 1)], context, repeats)
     return {"c": t_draft / t_target, "draft_step_s": t_draft, "target_step_s": t_target}
 
 
 def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64,
                       repeats: int = 20) -> dict[int, float]:
     """{k: t(k tokens in one call) / t(1 token)}: how much checking k tokens costs over one."""
-    times = {k: time_decode_step(model, k, context, repeats) for k in ks}
-    t1 = times[1] if 1 in times else time_decode_step(model, 1, context, repeats)
-    return {k: t / t1 for k, t in times.items()}
+    timed = sorted({1, *ks})
+    times = dict(zip(timed, time_decode_steps([(model, k) for k in timed], context, repeats)))
+    return {k: times[k] / times[1] for k in ks}
 
 
 def time_runs(fn: Callable[[], object], repeats: int = 3, warmup: int = 1
@@ -694,19 +707,27 @@ def _derive(report: dict, gamma) -> None:
     verify_ratio = costs["verify_cost"].get(str(round(g) + 1))
     refined = (None if verify_ratio is None
                else predicted_speedup_measured_verify(alpha, g, c, verify_ratio))
+    # the same quantities as they come out in the loop: a draft call (with its warp and sample)
+    # and a verify call (with warping p and verify()) in units of one autoregressive step
     draft_call_s = st["draft_seconds"] / st["draft_calls"] if st["draft_calls"] else 0.0
     ar_call_s = ar_st["total_seconds"] / ar_st["target_calls"]
+    c_loop = draft_call_s / ar_call_s
+    r_loop = st["verify_seconds"] / st["target_calls"] / ar_call_s
+    tokens_per_call = st["new_tokens"] / st["target_calls"]
+    loop_explained = tokens_per_call / (st["draft_calls"] / st["target_calls"] * c_loop + r_loop)
     report["theory"] = {
         "alpha": alpha,
         "acceptance_rate": st["accepted"] / st["drafted"] if st["drafted"] else 0.0,
         "gamma": g, "c": c,
         "expected_tokens_per_call": expected_tokens_per_call(alpha, g),
-        "tokens_per_target_call": st["new_tokens"] / st["target_calls"],
+        "tokens_per_target_call": tokens_per_call,
         "speedup": speedup, "predicted_speedup": predicted,
         "speedup_over_predicted": speedup / predicted,
         "verify_ratio": verify_ratio, "predicted_speedup_measured_verify": refined,
         "speedup_over_predicted_measured_verify": None if refined is None else speedup / refined,
-        "c_in_loop": draft_call_s / ar_call_s,
+        "c_in_loop": c_loop, "verify_ratio_in_loop": r_loop,
+        "draft_calls_per_round": st["draft_calls"] / st["target_calls"],
+        "speedup_from_loop_costs": loop_explained,
     }
     vs_hf = {}
     for mine, theirs in (("minispec autoregressive", "hf generate"),
@@ -851,6 +872,12 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
+    lines.append(
+        f"  in the loop a draft call costs {th['c_in_loop']:.3f} and a verify call "
+        f"{th['verify_ratio_in_loop']:.2f} autoregressive steps: "
+        f"{th['tokens_per_target_call']:.2f} / ({th['draft_calls_per_round']:.2f} x "
+        f"{th['c_in_loop']:.3f} + "
+        f"{th['verify_ratio_in_loop']:.2f}) = {th['speedup_from_loop_costs']:.2f}x")
     if report["greedy_agreement"]:
         lines += ["", "greedy outputs"]
         for key, a in report["greedy_agreement"].items():
