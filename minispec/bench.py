@@ -634,10 +634,10 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     costs["target_step_s_by_threads"] = by_threads
     xp = target.xp
     weight_bytes = decode_weight_bytes(target)
-    costs["bandwidth"] = {"read_weight_sized": read_bandwidth(weight_bytes, 7, xp),
-                          "read_large": read_bandwidth(copy_big, 3, xp),
-                          "copy_weight_sized": copy_bandwidth(weight_bytes, 7, xp),
-                          "copy_large": copy_bandwidth(copy_big, 3, xp),
+    costs["bandwidth"] = {"read_weight_sized": read_bandwidth(weight_bytes, 20, xp),
+                          "read_large": read_bandwidth(copy_big, 5, xp),
+                          "copy_weight_sized": copy_bandwidth(weight_bytes, 20, xp),
+                          "copy_large": copy_bandwidth(copy_big, 5, xp),
                           "large_bytes": copy_big}
     costs["floor"] = memory_floor(target, costs["bandwidth"]["read_weight_sized"])
     costs["floor_large"] = memory_floor(target, costs["bandwidth"]["read_large"])
