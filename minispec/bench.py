@@ -242,6 +242,31 @@ def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
     return time_decode_steps([(model, k)], context, repeats, warmup)[0]
 
 
+def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: int = 20
+                     ) -> dict[str, float]:
+    """{threads: median seconds of a decode step with NumPy's BLAS on that many threads}, the
+    counts taken in turn call by call; {} when the BLAS cannot be controlled."""
+    if get_blas_threads() is None:
+        return {}
+    before = get_blas_threads()
+    ids = (np.arange(context + 1) % min(model.vocab_size, 256)).tolist()
+    cache = model.new_cache(context + 1)
+    model.forward(ids[:context], cache)
+    times: dict[str, list[float]] = {str(n): [] for n in counts}
+    try:
+        for i in range(3 + repeats):
+            for n in counts:
+                set_blas_threads(n)
+                t0 = time.perf_counter()
+                model.forward(ids[context:], cache)
+                if i >= 3:
+                    times[str(n)].append(time.perf_counter() - t0)
+                cache.rollback(context)
+    finally:
+        set_blas_threads(before)
+    return {n: median(t) for n, t in times.items()}
+
+
 def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
     """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
     and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
@@ -626,12 +651,8 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     costs["target_matmul_s"] = time_matmuls(target, 1, repeats)
     costs["target_matmul_s_k5"] = time_matmuls(target, 5, repeats)
     costs["draft_matmul_s"] = time_matmuls(draft, 1, repeats)
-    by_threads = {}
-    for n in sorted({threads, 1, cores}):
-        with blas_threads(n) as actual:
-            if actual is not None or n == threads:
-                by_threads[str(n)] = time_decode_step(target, 1, context, repeats)
-    costs["target_step_s_by_threads"] = by_threads
+    costs["target_step_s_by_threads"] = steps_by_threads(target, sorted({threads, 1, cores}),
+                                                         context, repeats)
     xp = target.xp
     weight_bytes = decode_weight_bytes(target)
     costs["bandwidth"] = {"read_weight_sized": read_bandwidth(weight_bytes, 20, xp),
