@@ -9,13 +9,18 @@ module measures each of those quantities on its own (alpha, c, the verify-cost c
 t(k tokens)/t(1 token), the memory-bound floor of a decode step) and the end-to-end speed, so a
 report can say where theory and measurement agree and where they part.
 
+    minispec bench                          # the shipped pair on its held-out prompts
+    minispec bench --json > bench.json      # the same, for machines
+    minispec bench --gamma auto --hf off --num-prompts 50 --repeats 5
+
 The measurement helpers (predicted_speedup, cost_ratio, time_decode_step, ...) are public: the
 sweep (minispec/sweep.py) reuses them.
 
-BLAS threads: on a small shared CPU, multi-threaded OpenBLAS makes decode-sized matmuls
-(one row times a [D, F] matrix) many times slower than a single thread, because the threads wait
-for each other on every call. The benchmark therefore pins the BLAS pool (`blas_threads`) for the
-whole run, 1 thread by default, and reports the thread count in its header.
+BLAS threads: on a small CPU shared with other work, multi-threaded OpenBLAS makes decode-sized
+matmuls (one row times a [D, F] matrix) many times slower than a single thread, because its
+threads wait for each other on every call; on an idle machine two threads can be faster. The
+benchmark pins the BLAS pool (`blas_threads`, --threads, default 1) for the whole run, times a
+decode step at 1 and at all cores, and reports both in its header.
 """
 
 from __future__ import annotations
