@@ -47,7 +47,7 @@ HOLDOUT_BUCKETS = 20         # a file is held out when md5(relative path) % 20 =
 
 TARGET = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 5,
           "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64}
-DRAFT = {"hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 2,
+DRAFT = {"hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 1,
          "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 64}
 QUICK_TARGET = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32}
@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: a smoke run")
+    p.add_argument("--draft-layers", type=int, default=1, help="the draft's number of layers")
     p.add_argument("--draft-only", action="store_true",
                    help="keep OUT/target (made by the same command) and train only the draft")
     args = p.parse_args(argv)
@@ -338,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print("draft:", flush=True)
     torch.manual_seed(args.seed + 1)  # the draft's initial weights do not depend on the target run
-    draft = LlamaForCausalLM(llama_config(QUICK_DRAFT if args.quick else DRAFT,
-                                          tok.get_vocab_size(), args.seq))
+    draft_shape = QUICK_DRAFT if args.quick else {**DRAFT, "num_hidden_layers": args.draft_layers}
+    draft = LlamaForCausalLM(llama_config(draft_shape, tok.get_vocab_size(), args.seq))
     report["draft"] = {"params": sum(p.numel() for p in draft.parameters()),
                        "steps": args.draft_steps, "batch": args.batch, "seq": args.seq,
                        "lr": args.draft_lr, "loss": "KL(target || draft)"}
