@@ -533,30 +533,36 @@ def _hf_load_pair(args, threads: int) -> dict:
     return hf
 
 
-def hf_time_decode_step(torch, model, k: int = 1, context: int = 64, repeats: int = 20,
-                        warmup: int = 3) -> float:
-    """time_decode_step for a transformers model: median seconds of a k-token forward on a
-    cache of `context` positions (cropped back after each call)."""
-    ids = torch.arange(context + k, device=model.device)[None] % 256
-    times = []
+def hf_time_decode_steps(torch, cases: Sequence[tuple], context: int = 64, repeats: int = 20,
+                         warmup: int = 3) -> list[float]:
+    """time_decode_steps for transformers models: for each (model, k), the median seconds of a
+    k-token forward on a cache of `context` positions (cropped back after each call), the cases
+    timed round-robin."""
+    runs = []
     with torch.inference_mode():
-        cache = model(ids[:, :context], use_cache=True).past_key_values
+        for model, k in cases:
+            ids = torch.arange(context + k, device=model.device)[None] % 256
+            cache = model(ids[:, :context], use_cache=True).past_key_values
+            runs.append((model, ids[:, context:], cache, k))
+        times: list[list[float]] = [[] for _ in runs]
         for i in range(warmup + repeats):
-            t0 = time.perf_counter()
-            model(ids[:, context:], past_key_values=cache, use_cache=True)
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-            cache.crop(-k)  # forget the k tokens just fed
-    return median(times)
+            for j, (model, new, cache, k) in enumerate(runs):
+                t0 = time.perf_counter()
+                model(new, past_key_values=cache, use_cache=True)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= warmup:
+                    times[j].append(time.perf_counter() - t0)
+                cache.crop(-k)  # forget the k tokens just fed
+    return [median(t) for t in times]
 
 
 def _hf_costs(hf: dict, context: int, repeats: int) -> dict:
     """transformers' decode step, c and verify-cost curve on the same pair, for comparison."""
-    torch, target = hf["torch"], hf["target"]
-    steps = {k: hf_time_decode_step(torch, target, k, context, repeats) for k in range(1, 10)}
-    draft_step = hf_time_decode_step(torch, hf["draft"], 1, context, repeats)
+    torch, target, ks = hf["torch"], hf["target"], range(1, 10)
+    *times, draft_step = hf_time_decode_steps(
+        torch, [*((target, k) for k in ks), (hf["draft"], 1)], context, repeats)
+    steps = dict(zip(ks, times))
     return {"target_step_s": steps[1], "draft_step_s": draft_step, "c": draft_step / steps[1],
             "verify_cost": {str(k): t / steps[1] for k, t in steps.items()}}
 
