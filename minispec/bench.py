@@ -647,18 +647,23 @@ def run(args: argparse.Namespace) -> dict:
             report["settings"]["torch_threads"] = hf["torch"].get_num_threads()
             report["costs"]["hf"] = _hf_costs(hf, context, step_repeats)
         methods = _methods(args, target, draft, gamma, eos, hf)
-        report["generation"] = _time_methods(methods, prompts, args.repeats)
+        cases = [(draft, 1), *((target, k) for k in range(1, 10))]
+        samples = []  # decode steps timed before each round of passes and after the last
+
+        def time_steps():
+            samples.append(time_decode_steps(cases, context, max(step_repeats // 4, 2)))
+
+        report["generation"] = _time_methods(methods, prompts, args.repeats, time_steps)
+        time_steps()
+        report["costs"].update(_step_costs(samples, len(samples) * max(step_repeats // 4, 2)))
     _derive(report, gamma)
     return report
 
 
 def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, quick) -> dict:
-    """Decode-step costs, c, the verify-cost curve, BLAS threads, bandwidth and the floor."""
-    ks = range(1, 10)
-    costs = {"context": context, "step_repeats": repeats}
-    costs.update(cost_ratio(target, draft, context, repeats))
-    costs["verify_cost"] = {str(k): r for k, r in
-                            verify_cost_curve(target, ks, context, repeats).items()}
+    """The matmuls' share of a step, BLAS threads, bandwidth and the floor (the decode steps,
+    c and the verify-cost curve are timed between the generation passes: `_step_costs`)."""
+    costs = {"context": context}
     costs["target_matmul_s"] = time_matmuls(target, 1, repeats)
     costs["target_matmul_s_k5"] = time_matmuls(target, 5, repeats)
     costs["draft_matmul_s"] = time_matmuls(draft, 1, repeats)
@@ -674,6 +679,15 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     costs["floor"] = memory_floor(target, costs["bandwidth"]["read_weight_sized"])
     costs["floor_large"] = memory_floor(target, costs["bandwidth"]["read_large"])
     return costs
+
+
+def _step_costs(samples: list[list[float]], calls: int) -> dict:
+    """c and the verify-cost curve from rounds of time_decode_steps over [(draft, 1), (target,
+    1..9)]: the median of each case over the rounds."""
+    draft_step, *steps = (median(col) for col in zip(*samples))
+    return {"step_calls": calls, "draft_step_s": draft_step, "target_step_s": steps[0],
+            "c": draft_step / steps[0],
+            "verify_cost": {str(k): t / steps[0] for k, t in enumerate(steps, start=1)}}
 
 
 def _methods(args, target, draft, gamma, eos, hf):
@@ -701,14 +715,17 @@ def _methods(args, target, draft, gamma, eos, hf):
     return methods
 
 
-def _time_methods(methods: dict, prompts, repeats: int) -> dict:
+def _time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
     """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
-    methods interleaved pass by pass so that a noisy neighbour slows them all alike."""
+    methods interleaved pass by pass so that a noisy neighbour slows them all alike; between()
+    (if given) runs before each round of passes."""
     for generate in methods.values():
         generate(list(prompts[0]))
     passes: dict[str, list[float]] = {name: [] for name in methods}
     last: dict[str, list] = {}
     for _ in range(repeats):
+        if between is not None:
+            between()
         for name, generate in methods.items():
             t0 = time.perf_counter()
             last[name] = [generate(list(p)) for p in prompts]
@@ -832,8 +849,8 @@ def format_report(report: dict) -> str:
         (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
          f"interleaved), medians"),
         "",
-        (f"costs (warm cache of {costs['context']} positions, median of {costs['step_repeats']} "
-         "calls)"),
+        (f"costs (warm cache of {costs['context']} positions; decode steps: medians of "
+         f"{costs['step_calls']} calls taken between the timed passes)"),
         (f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms   (its weight matmuls "
          f"alone {costs['target_matmul_s'] * ms:.3f} ms; with 5 tokens "
          f"{costs['target_matmul_s_k5'] * ms:.3f} ms)"),
