@@ -651,7 +651,9 @@ def run(args: argparse.Namespace) -> dict:
         samples = []  # decode steps timed before each round of passes and after the last
 
         def time_steps():
-            samples.append(time_decode_steps(cases, context, max(step_repeats // 4, 2)))
+            n = max(step_repeats // 4, 2)
+            samples.append([*time_decode_steps(cases, context, n), time_matmuls(target, 1, n),
+                            time_matmuls(target, 5, n), time_matmuls(draft, 1, n)])
 
         report["generation"] = _time_methods(methods, prompts, args.repeats, time_steps)
         time_steps()
@@ -664,9 +666,6 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     """The matmuls' share of a step, BLAS threads, bandwidth and the floor (the decode steps,
     c and the verify-cost curve are timed between the generation passes: `_step_costs`)."""
     costs = {"context": context}
-    costs["target_matmul_s"] = time_matmuls(target, 1, repeats)
-    costs["target_matmul_s_k5"] = time_matmuls(target, 5, repeats)
-    costs["draft_matmul_s"] = time_matmuls(draft, 1, repeats)
     costs["target_step_s_by_threads"] = steps_by_threads(target, sorted({threads, 1, cores}),
                                                          context, repeats)
     xp = target.xp
@@ -683,9 +682,12 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
 
 def _step_costs(samples: list[list[float]], calls: int) -> dict:
     """c and the verify-cost curve from rounds of time_decode_steps over [(draft, 1), (target,
-    1..9)]: the median of each case over the rounds."""
+    1..9)] and time_matmuls of (target, 1), (target, 5), (draft, 1): each case's median."""
     draft_step, *steps = (median(col) for col in zip(*samples))
+    steps, matmuls = steps[:9], steps[9:]
     return {"step_calls": calls, "draft_step_s": draft_step, "target_step_s": steps[0],
+            "target_matmul_s": matmuls[0], "target_matmul_s_k5": matmuls[1],
+            "draft_matmul_s": matmuls[2],
             "c": draft_step / steps[0],
             "verify_cost": {str(k): t / steps[0] for k, t in enumerate(steps, start=1)}}
 
