@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="BLAS threads for NumPy (default 1: a decode step's small matmuls are "
+                    "faster on one thread on small or busy machines; raise it for large models)")
     ap.add_argument("--compare", action="store_true",
                     help="also decode autoregressively and print the speedup")
     ap.add_argument("--trace", action="store_true",
@@ -276,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return sweep.main(argv[1:])
         args = build_parser().parse_args(argv)
+        from .bench import set_blas_threads
+
+        set_blas_threads(args.threads)
         session = Session(args)
         if args.prompt is None:
             interactive(session)

@@ -83,6 +83,7 @@ def test_interactive_commands(pair, capsys, monkeypatch):
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
         (["--drafter", "early-exit", "--exit-layer", "9"], "exit_layer"),
+        (["--threads", "0"], "threads"),
     ],
 )
 def test_bad_parameters_exit_2_naming_them(pair, capsys, argv, message):
