@@ -18,12 +18,12 @@ DEVICES = ("auto", "cpu", "gpu")
 def _cupy_or_none() -> ModuleType | None:
     try:
         import cupy
-    except Exception:  # not installed, or installed without a working CUDA runtime
+    except Exception:  # noqa: BLE001 - not installed, or installed without a working CUDA runtime
         return None
     try:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None
-    except Exception:
+    except Exception:  # noqa: BLE001 - no driver, no device: CuPy raises its own runtime errors
         return None
     return cupy
 
