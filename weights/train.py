@@ -13,7 +13,11 @@ The recipe, end to end, on a CPU:
 4. the draft, a much smaller Llama, distilled from the target: forward KL(p_target || q_draft) on
    the same kind of windows, target logits computed on the fly. Acceptance is what a draft is
    for, and with temperature-1 sampling the acceptance rate is 1 - TV(p, q), which KL bounds.
-5. both saved as Hugging Face directories (config.json, model.safetensors, tokenizer.json,
+5. on-policy distillation (DistillSpec): the target generates continuations (half greedy, half
+   temperature 1) of prefixes cut from the training files, and the draft is fine-tuned on them
+   with KL(p_target || q_draft) plus a little cross-entropy on the greedy continuations, since at
+   decode time the draft predicts the target's own output, not corpus text.
+6. both saved as Hugging Face directories (config.json, model.safetensors, tokenizer.json,
    tokenizer_config.json, generation_config.json): target in BF16, draft in F16; plus
    ``prompts.json``, short prompts cut from the held-out files, for the benchmarks.
 
@@ -21,6 +25,7 @@ Usage (from the repository root)::
 
     python weights/train.py --out weights            # the shipped pair
     python weights/train.py --out /tmp/ws --quick    # a smoke run of a minute
+    python weights/train.py --out OUT --draft-only --draft-steps 0  # on-policy stage only
 
 Needs ``torch`` and ``transformers`` (``pip install -e .[train]``). Seeded; the BPE trainer and
 the data order are deterministic, but BF16 matmuls on other CPUs may round differently.
@@ -212,6 +217,107 @@ def train(model, stream, *, steps, batch, seq, lr, seed, teacher=None, log_every
     return time.time() - t0
 
 
+def onpolicy_prefixes(tok, files: list[tuple[str, str]], lo: int, hi: int,
+                      rng: np.random.Generator) -> dict[int, list[list[int]]]:
+    """Prefixes for on-policy distillation, from TRAINING files only: whole lines from a
+    `def`/`class` line (the shape of the held-out prompts), lo..hi tokens without BOS, as
+    [EOT] + ids, grouped by length (so a batch needs no padding)."""
+    by_len: dict[int, list[list[int]]] = {}
+    for _, text in files:
+        lines = text.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "class "))]
+        for i in starts:
+            n_lines = int(rng.integers(1, 12))  # a few lines: 32..128 tokens usually
+            ids = tok.encode("".join(lines[i:i + n_lines])).ids
+            while len(ids) > hi and n_lines > 1:
+                n_lines -= 1
+                ids = tok.encode("".join(lines[i:i + n_lines])).ids
+            if lo <= len(ids) <= hi:
+                by_len.setdefault(len(ids), []).append([0] + ids)
+    return by_len
+
+
+def onpolicy_sequences(target, tok, files, *, n: int, batch: int, new_tokens: tuple[int, int],
+                       prefix: tuple[int, int], seed: int) -> list:
+    """`n` sequences [prefix + target continuation] made by the target itself (KV cache,
+    batched; half greedy, half sampled at temperature 1 with no top-k/top-p), as a list of
+    (int64 tensor [B, L + G], L, sampled) triples: B sequences of one prefix length L each."""
+    import torch
+    from transformers import GenerationConfig
+
+    rng = np.random.default_rng(seed)
+    by_len = onpolicy_prefixes(tok, files, prefix[0], prefix[1], rng)
+    lengths = sorted(k for k, v in by_len.items() if len(v) >= batch)
+    out, made = [], 0
+    torch.manual_seed(seed)
+    while made < n:
+        L = int(rng.choice(lengths))
+        pool = by_len[L]
+        pick = rng.choice(len(pool), size=batch, replace=False)
+        x = torch.tensor([pool[j] for j in pick], dtype=torch.int64)
+        g = int(rng.integers(new_tokens[0], new_tokens[1] + 1))
+        sample = (len(out) % 2 == 1)  # alternate greedy / temperature-1 batches
+        cfg = GenerationConfig(max_new_tokens=g, min_new_tokens=0, do_sample=sample,
+                               temperature=1.0 if sample else None, top_k=None if not sample else 0,
+                               top_p=1.0 if sample else None, eos_token_id=None, pad_token_id=0,
+                               bos_token_id=0, use_cache=True)
+        with torch.no_grad():
+            seq = target.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                                  generation_config=cfg)
+        out.append((seq, x.shape[1], sample))
+        made += batch
+    return out
+
+
+def train_onpolicy(draft, target, seqs, *, steps, lr, seed, ce=0.0, log_every=25) -> float:
+    """Fine-tune the draft with forward KL(target || draft) on the target's own generations
+    (every position of each sequence: the prefix keeps it close to the corpus, the continuation
+    is what it sees at decode time), plus `ce` x cross-entropy of the greedy continuations'
+    tokens (the target's argmax: what greedy acceptance needs the draft's argmax to be);
+    returns seconds taken."""
+    import torch
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(seed)
+    decay = [p for n, p in draft.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in draft.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    warmup = max(1, steps // 20)
+    t0, ntok = time.time(), 0
+    draft.train()
+    order = []
+    for step in range(steps):
+        if not order:
+            order = list(rng.permutation(len(seqs)))
+        seq, L, sampled = seqs[order.pop()]
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        x = seq[:, :-1]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad():
+                logp = F.log_softmax(target(input_ids=x).logits.float(), -1)
+            logq = F.log_softmax(draft(input_ids=x).logits.float(), -1)
+            kl = (logp.exp() * (logp - logq)).sum(-1)  # [B, T]
+            loss = kl.mean()
+            if ce > 0 and not sampled:
+                loss = loss + ce * F.nll_loss(logq[:, L - 1:].flatten(0, 1),
+                                              seq[:, L:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ntok += x.numel()
+        if step % log_every == 0 or step == steps - 1:
+            dt = time.time() - t0
+            print(f"  step {step:5d}/{steps}  loss {loss.item():.4f}  kl {kl.mean().item():.4f}  "
+                  f"kl(generated) {kl[:, L - 1:].mean().item():.4f}  "
+                  f"lr {opt.param_groups[0]['lr']:.2e}  {dt:7.1f}s  {ntok / dt:6.0f} tok/s",
+                  flush=True)
+    return time.time() - t0
+
+
 def with_bos_post_processor(tok_json: str) -> str:
     """tokenizer.json that puts EOT (the BOS) in front of every text, as the model was trained:
     transformers' AutoTokenizer and minispec's Tokenizer then both add it."""
@@ -282,10 +388,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="tiny models, few steps: a smoke run")
     p.add_argument("--draft-layers", type=int, default=1, help="the draft's number of layers")
     p.add_argument("--draft-only", action="store_true",
-                   help="keep OUT/target (made by the same command) and train only the draft")
+                   help="keep OUT/target (made by the same command) and train only the draft; "
+                        "with --draft-steps 0, keep OUT/draft too and run only the on-policy stage")
+    p.add_argument("--onpolicy-steps", type=int, default=500,
+                   help="on-policy distillation steps after the corpus distillation (0 = none)")
+    p.add_argument("--onpolicy-seqs", type=int, default=1024,
+                   help="sequences the target generates for the on-policy stage")
+    p.add_argument("--onpolicy-batch", type=int, default=16)
+    p.add_argument("--onpolicy-lr", type=float, default=1e-3)
+    p.add_argument("--onpolicy-ce", type=float, default=0.5,
+                   help="weight of the cross-entropy on the target's greedy continuations")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.draft_steps, args.seq, args.vocab = 20, 20, 128, 512
+        args.onpolicy_steps, args.onpolicy_seqs = min(args.onpolicy_steps, 10), 32
 
     # on a shared CPU, spinning OpenMP workers wait for descheduled peers: let them sleep
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -340,15 +456,48 @@ def main(argv: list[str] | None = None) -> None:
     print("draft:", flush=True)
     torch.manual_seed(args.seed + 1)  # the draft's initial weights do not depend on the target run
     draft_shape = QUICK_DRAFT if args.quick else {**DRAFT, "num_hidden_layers": args.draft_layers}
-    draft = LlamaForCausalLM(llama_config(draft_shape, tok.get_vocab_size(), args.seq))
-    report["draft"] = {"params": sum(p.numel() for p in draft.parameters()),
-                       "steps": args.draft_steps, "batch": args.batch, "seq": args.seq,
-                       "lr": args.draft_lr, "loss": "KL(target || draft)"}
-    report["draft"]["seconds"] = round(train(draft, train_ids, steps=args.draft_steps,
-                                             batch=args.batch, seq=args.seq, lr=args.draft_lr,
-                                             seed=args.seed + 1, teacher=target), 1)
-    report["draft"]["heldout"] = heldout_metrics(draft, windows, teacher=target)
-    print(f"draft: {report['draft']}", flush=True)
+    if args.draft_only and args.draft_steps == 0:  # keep OUT/draft: on-policy stage only
+        draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32)
+        report["draft"] = json.loads((out / "train_report.json").read_text())["draft"]
+        report["draft"].pop("onpolicy", None)
+    else:
+        draft = LlamaForCausalLM(llama_config(draft_shape, tok.get_vocab_size(), args.seq))
+        report["draft"] = {"params": sum(p.numel() for p in draft.parameters()),
+                           "steps": args.draft_steps, "batch": args.batch, "seq": args.seq,
+                           "lr": args.draft_lr, "loss": "KL(target || draft)"}
+        report["draft"]["seconds"] = round(train(draft, train_ids, steps=args.draft_steps,
+                                                 batch=args.batch, seq=args.seq,
+                                                 lr=args.draft_lr, seed=args.seed + 1,
+                                                 teacher=target), 1)
+        report["draft"]["heldout"] = heldout_metrics(draft, windows, teacher=target)
+        print(f"draft: {report['draft']}", flush=True)
+    if args.onpolicy_steps > 0:
+        # 5. on-policy (sequence-level) distillation, as in DistillSpec (Zhou et al. 2023): at
+        # decode time the draft predicts the target's own output, so fine-tune it there
+        print("on-policy:", flush=True)
+        t = time.time()
+        lo, hi = (8, 32) if args.quick else (32, 128)
+        new = (8, 16) if args.quick else (64, 128)
+        seqs = onpolicy_sequences(target, tok, train_files, n=args.onpolicy_seqs,
+                                  batch=args.onpolicy_batch, new_tokens=new, prefix=(lo, hi),
+                                  seed=args.seed + 2)
+        gen_s = time.time() - t
+        n_seqs, n_tok = sum(len(s) for s, _, _ in seqs), sum(s.numel() for s, _, _ in seqs)
+        print(f"  generated {n_seqs} sequences, {n_tok} tokens, {gen_s:.1f}s", flush=True)
+        op = {"seqs": n_seqs, "tokens": n_tok,
+              "prefix_tokens": [lo, hi], "new_tokens": list(new),
+              "decoding": "half greedy, half temperature 1 (batches alternate)",
+              "steps": args.onpolicy_steps, "batch": args.onpolicy_batch, "lr": args.onpolicy_lr,
+              "loss": "KL(target || draft) on the target's generations"
+                      + (f" + {args.onpolicy_ce} x CE(greedy continuations)"
+                         if args.onpolicy_ce else ""),
+              "generate_seconds": round(gen_s, 1)}
+        op["train_seconds"] = round(train_onpolicy(draft, target, seqs, steps=args.onpolicy_steps,
+                                                   lr=args.onpolicy_lr, seed=args.seed + 3,
+                                                   ce=args.onpolicy_ce), 1)
+        op["heldout"] = heldout_metrics(draft, windows, teacher=target)
+        report["draft"]["onpolicy"] = op
+        print(f"on-policy: {op}", flush=True)
     save_pair_member(draft, tok_json, out / "draft", torch.float16, args.seq)
 
     prompts = make_prompts(tok, heldout_files, per_file=3, n_max=100)
