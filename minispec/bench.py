@@ -27,17 +27,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import importlib.metadata
 import importlib.util
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .backend import blas_threads, get_blas_threads, set_blas_threads
 from .errors import MinispecError
 
 # ---------------------------------------------------------------------------------------------
@@ -84,71 +84,7 @@ def _check_alpha_gamma(alpha: float, gamma: float) -> None:
         raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# BLAS threads
-
-
-def _openblas() -> tuple[Callable[[], int], Callable[[int], None]] | None:
-    """(get, set) for the OpenBLAS that NumPy loaded, found through ctypes (Linux), or None."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "openblas" in line.lower()})
-    except OSError:
-        return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in [("scipy_openblas", "64_"), ("openblas", "64_"), ("openblas", "")]:
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is not None and set_ is not None:
-                set_.argtypes = [ctypes.c_int]
-                return get, set_
-    return None
-
-
-def get_blas_threads() -> int | None:
-    """Threads NumPy's BLAS uses now, or None when this cannot be found out."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        lib = _openblas()
-        return None if lib is None else int(lib[0]())
-    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
-    return max(counts) if counts else None
-
-
-def set_blas_threads(n: int) -> int | None:
-    """Set NumPy's BLAS thread count (threadpoolctl if installed, else OpenBLAS through ctypes).
-
-    Returns the previous count, or None when the BLAS cannot be controlled (then nothing changes).
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise MinispecError(f"threads: expected an integer >= 1, got {n!r}")
-    before = get_blas_threads()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        lib = _openblas()
-        if lib is None:
-            return None
-        lib[1](n)
-        return before
-    threadpool_limits(n, user_api="blas")
-    return before
-
-
-@contextlib.contextmanager
-def blas_threads(n: int) -> Iterator[int | None]:
-    """Run a block with NumPy's BLAS on n threads; yields the count in effect (None: unknown)."""
-    before = set_blas_threads(n)
-    try:
-        yield get_blas_threads()
-    finally:
-        if before is not None:
-            set_blas_threads(before)
+# BLAS threads: minispec/backend.py (set_blas_threads, blas_threads), re-exported here
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .backend import set_blas_threads
 from .errors import MinispecError
 
 SHIPPED = Path(__file__).resolve().parent.parent / "weights"
@@ -279,8 +280,6 @@ def main(argv: list[str] | None = None) -> int:
 
             return sweep.main(argv[1:])
         args = build_parser().parse_args(argv)
-        from .bench import set_blas_threads
-
         set_blas_threads(args.threads)
         session = Session(args)
         if args.prompt is None:

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run against this checkout
 
 import minispec
-from minispec.bench import set_blas_threads
+from minispec.backend import set_blas_threads
 from minispec.speculative import autoregressive_generate, speculative_generate
 
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=50, help="the first N prompts (0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
-                   help="BLAS threads, as minispec bench (default 1: see minispec/bench.py)")
+                   help="BLAS threads, as minispec bench (default 1: see minispec/backend.py)")
     args = p.parse_args(argv)
     set_blas_threads(args.threads)
 
