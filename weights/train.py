@@ -127,6 +127,17 @@ def llama_config(shape: dict, vocab_size: int, context: int):
                        attention_bias=False, mlp_bias=False, **shape)
 
 
+def adamw(model, lr: float):
+    """AdamW (betas 0.9/0.95), weight decay 0.1 on matrices only: the optimizer of every stage."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     """Linear warmup, then cosine decay to 10% of the peak."""
     if step < warmup:
@@ -182,11 +193,7 @@ def train(model, stream, *, steps, batch, seq, lr, seed, teacher=None, log_every
     import torch.nn.functional as F
 
     rng = np.random.default_rng(seed)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = adamw(model, lr)
     warmup = max(1, steps // 20)
     data = batches(stream, batch, seq, rng)
     t0 = time.time()
@@ -217,6 +224,11 @@ def train(model, stream, *, steps, batch, seq, lr, seed, teacher=None, log_every
     return time.time() - t0
 
 
+def def_class_lines(lines: list[str]) -> list[int]:
+    """Indexes of the lines that open a function or class: where prompts and prefixes start."""
+    return [i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "class "))]
+
+
 def onpolicy_prefixes(tok, files: list[tuple[str, str]], lo: int, hi: int,
                       rng: np.random.Generator) -> dict[int, list[list[int]]]:
     """Prefixes for on-policy distillation, from TRAINING files only: whole lines from a
@@ -225,7 +237,7 @@ def onpolicy_prefixes(tok, files: list[tuple[str, str]], lo: int, hi: int,
     by_len: dict[int, list[list[int]]] = {}
     for _, text in files:
         lines = text.splitlines(keepends=True)
-        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "class "))]
+        starts = def_class_lines(lines)
         for i in starts:
             n_lines = int(rng.integers(1, 12))  # a few lines: 32..128 tokens usually
             ids = tok.encode("".join(lines[i:i + n_lines])).ids
@@ -279,11 +291,7 @@ def train_onpolicy(draft, target, seqs, *, steps, lr, seed, ce=0.0, log_every=25
     import torch.nn.functional as F
 
     rng = np.random.default_rng(seed)
-    decay = [p for n, p in draft.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in draft.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = adamw(draft, lr)
     warmup = max(1, steps // 20)
     t0, ntok = time.time(), 0
     draft.train()
@@ -353,7 +361,7 @@ def make_prompts(tok, heldout: list[tuple[str, str]], per_file: int, n_max: int)
     prompts = []
     for rel, text in heldout:
         lines = text.splitlines(keepends=True)
-        starts = [i for i, line in enumerate(lines) if line.lstrip().startswith(("def ", "class "))]
+        starts = def_class_lines(lines)
         if not starts:
             continue
         picks = sorted({starts[int(j * len(starts) / per_file)] for j in range(per_file)})
