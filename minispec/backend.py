@@ -1,11 +1,13 @@
 """The array backend: NumPy on the CPU, CuPy on an NVIDIA GPU, one code path through `xp`.
 
-The model code never imports numpy or cupy itself; it is handed `xp`. A CPU-only machine never needs CuPy
-installed: it is imported only when the GPU is asked for (or `auto` looks for it).
+The model code never imports numpy or cupy itself; it is handed `xp`. A CPU-only machine never
+needs CuPy installed: it is imported only when the GPU is asked for (or `auto` looks for it).
 
-NumPy's BLAS thread pool is set here too: decode-sized matmuls (a few rows times a weight matrix)
-are often faster on one thread than on several, and many times slower when the threads compete
-with another process. The command line and the benchmarks set it; the model math never does.
+Two CPU speed details live here, out of the model's math: `matmul`, which model.py calls for
+every weight product (`x @ w`, with a blocking that suits OpenBLAS when a few rows come in), and
+NumPy's BLAS thread pool: decode-sized matmuls (a few rows times a weight matrix) are often faster
+on one thread than on several, and many times slower when the threads compete with another
+process. The command line and the benchmarks set the threads; the model math never does.
 """
 
 from __future__ import annotations
@@ -63,9 +65,53 @@ def to_host(a) -> np.ndarray:
     return get() if callable(get) else np.asarray(a)
 
 
+# ---- the weight products -------------------------------------------------------------------
+
+
+def matmul(x, w):
+    """x @ w for activations x [T, D_in] and a weight w [D_in, D_out] (or a transposed view).
+
+    The same product everywhere; on the CPU, 2 to 16 float32 rows (a verify call's gamma + 1
+    tokens, a drafter's catch-up) go through `few_rows_matmul`, which OpenBLAS runs faster.
+    """
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < x.shape[0] <= 16:
+        return few_rows_matmul(x, w)
+    return x @ w
+
+
+SMALL_GEMM = 10**6  # OpenBLAS multiplies without repacking when rows * columns * depth <= this
+SMALL_GEMM_T = 1200  # ... and, for a transposed w, when rows * columns <= this
+
+
+def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x @ w for a few float32 rows on the CPU, in blocks OpenBLAS multiplies without repacking.
+
+    Given a handful of rows, OpenBLAS's sgemm first copies ("packs") the whole of w, so 5 rows
+    cost about 3x one row (a matrix-vector product, which reads w in place); the tied LM head,
+    a transposed view, about 5x. Its small-matrix kernels skip that copy when rows * columns *
+    depth <= SMALL_GEMM (and, for a transposed w, rows * columns <= SMALL_GEMM_T), so w goes in
+    blocks that qualify: slices of its input rows, summed; for a transposed w, slices of its
+    output columns, side by side. The same product up to float32 rounding, at about 1.5-2x one
+    row for 5 rows (`minispec bench` prints the verify-cost curve). Tuned for NumPy's OpenBLAS;
+    harmless elsewhere. tests/test_backend.py checks it against `x @ w` at the shipped shapes.
+    """
+    t, d = x.shape  # [T, D_in]
+    f = w.shape[1]  # D_out
+    if w.flags.f_contiguous and not w.flags.c_contiguous:  # transposed: blocks of n columns
+        n = 128
+        while n > 8 and (n * t > SMALL_GEMM_T or n * t * d > SMALL_GEMM):
+            n //= 2
+        return np.concatenate([x @ w[:, j:j + n] for j in range(0, f, n)], axis=1)  # [T, D_out]
+    k = 64
+    while k > 8 and k * t * f > SMALL_GEMM:
+        k //= 2
+    y = x[:, :k] @ w[:k]  # [T, k] @ [k, D_out] -> [T, D_out], summed over slices of D_in
+    for i in range(k, d, k):
+        y += x[:, i:i + k] @ w[i:i + k]
+    return y
+
+
 # ---- NumPy's BLAS threads ----------------------------------------------------------------
-
-
 
 
 def _openblas() -> tuple[Callable[[], int], Callable[[int], None]] | None:

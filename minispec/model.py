@@ -1,17 +1,20 @@
 """The transformer forward pass as pure functions over `xp` (NumPy or CuPy), and the KV cache.
 
-One decoder-only block serves every family: pre-norm attention and MLP sublayers on a residual stream.
-Llama, Qwen2 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU MLP; GPT-2 uses
-LayerNorm, learned position embeddings and a GELU MLP. Weights arrive as plain dicts already mapped from
-the checkpoint (minispec/loader.py), linear weights stored [in, out] so every projection is `x @ w`.
+One decoder-only block serves every family: pre-norm attention and MLP sublayers on a residual
+stream. Llama, Qwen2 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU MLP;
+GPT-2 uses LayerNorm, learned position embeddings and a GELU MLP. Weights arrive as plain dicts
+already mapped from the checkpoint (minispec/loader.py), linear weights stored [in, out] so every
+projection is `x @ w` (through backend.matmul, the one place a CPU speed trick lives).
 
 Shapes, one notation throughout:
-  T new tokens, S cached+new positions, D model width, H query heads, K key/value heads, G = H/K query
-  heads per kv head, E head dim, F ffn width, V vocab, L layers.
+  T new tokens, S cached+new positions, S_max cache capacity, D model width, H query heads,
+  K key/value heads, G = H/K query heads per kv head, E head dim, F ffn width, V vocab, L layers.
+Names: `x` is the residual stream inside a block, `h` the hidden state between blocks (Model);
+head counts are n_heads / n_kv (H / K in shapes); a layer's cache pair is (k_cache, v_cache).
 
 The KV cache is preallocated, indexed by position (llama2.c's key_cache + pos): `KVCache.k[l]` is
-[K, S_max, E]; position p of layer l lives at k[l, :, p]. Rolling back rejected draft tokens is setting
-one integer, `length`.
+[K, S_max, E]; position p of layer l lives at k[l, :, p]. Rolling back rejected draft tokens is
+setting one integer, `length`.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from .backend import to_host
+from .backend import matmul, to_host
 from .config import ModelConfig
 from .errors import MinispecError
 
-DEFAULT_MAX_CACHE = 4096  # default cache length cap, so a 128k-context config doesn't take gigabytes
+DEFAULT_MAX_CACHE = 4096  # default cache length cap: a 128k-context config must not take gigabytes
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # the math: pure functions, parameters in, arrays out
 
 
@@ -37,15 +40,15 @@ def rms_norm(x, w, eps: float):
     """RMSNorm (Llama): x / rms(x) * w, the statistics in float32."""
     x32 = x.astype("float32", copy=False)
     ms = (x32 * x32).sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, D] -> [T, 1]
-    return (x32 / (ms + eps) ** 0.5).astype(x.dtype, copy=False) * w
+    return (x32 / (ms + eps) ** 0.5).astype(x.dtype, copy=False) * w  # -> [T, D]
 
 
 def layer_norm(x, w, b, eps: float):
     """LayerNorm (GPT-2): (x - mean) / std * w + b, the statistics in float32."""
     x32 = x.astype("float32")
-    mu = x32.mean(axis=-1, keepdims=True)
-    var = ((x32 - mu) ** 2).mean(axis=-1, keepdims=True)
-    return ((x32 - mu) / (var + eps) ** 0.5).astype(x.dtype) * w + b
+    mu = x32.mean(axis=-1, keepdims=True)  # [T, D] -> [T, 1]
+    var = ((x32 - mu) ** 2).mean(axis=-1, keepdims=True)  # -> [T, 1]
+    return ((x32 - mu) / (var + eps) ** 0.5).astype(x.dtype) * w + b  # -> [T, D]
 
 
 def norm(x, w, b, eps: float):
@@ -55,42 +58,8 @@ def norm(x, w, b, eps: float):
 
 def linear(x, w, b=None):
     """x @ w (+ b); w is stored [in, out] (or is a transposed view: a tied LM head)."""
-    t = x.shape[0]
-    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < t <= 16:
-        y = few_rows_matmul(x, w)  # a verify call's gamma + 1 tokens, a drafter's catch-up
-    else:
-        y = x @ w
+    y = matmul(x, w)  # [T, in] -> [T, out]; backend.matmul is `x @ w`, tuned for few CPU rows
     return y if b is None else y + b
-
-
-SMALL_GEMM = 10**6  # OpenBLAS multiplies without repacking when rows * columns * depth <= this
-
-
-def few_rows_matmul(x, w):
-    """x @ w for a few float32 rows on the CPU, in blocks OpenBLAS multiplies without repacking.
-
-    Given a handful of rows, OpenBLAS's sgemm first copies ("packs") the whole of w, so 5 rows
-    cost about 3x one row (a matrix-vector product, which reads w in place); the tied LM head,
-    a transposed view, about 5x. Its small-matrix kernels skip that copy when rows * columns *
-    depth <= SMALL_GEMM (and, for a transposed w, rows * columns <= 1200), so w goes in blocks
-    that qualify: slices of its input rows, summed; for a transposed w, its output columns,
-    side by side. The same product, at about 1.5x one row for 5 rows (`minispec bench` shows the
-    verify-cost curve). Tuned for NumPy's OpenBLAS; harmless elsewhere.
-    """
-    t, d = x.shape
-    f = w.shape[1]
-    if w.flags.f_contiguous and not w.flags.c_contiguous:  # transposed: blocks of n columns
-        n = 128
-        while n > 8 and (n * t > 1200 or n * t * d > SMALL_GEMM):
-            n //= 2
-        return np.concatenate([x @ w[:, j:j + n] for j in range(0, f, n)], axis=1)  # [T, F]
-    k = 64
-    while k > 8 and k * t * f > SMALL_GEMM:
-        k //= 2
-    y = x[:, :k] @ w[:k]  # [T, D] -> [T, F], summed over slices of D
-    for i in range(k, d, k):
-        y += x[:, i:i + k] @ w[i:i + k]
-    return y
 
 
 def silu(xp, x):
@@ -112,7 +81,7 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
         return inv
     if rs["rope_type"] == "linear":
         return inv / rs["factor"]
-    # llama3: long wavelengths are slowed down by `factor`, short ones kept, the band between blended
+    # llama3: long wavelengths slowed down by `factor`, short ones kept, the band between blended
     factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
     old = rs["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv
@@ -122,7 +91,7 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
 
 
 def rope_tables(inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of position * frequency for positions 0..n-1: two [n, E/2] float64 host arrays."""
+    """cos and sin of position * frequency, positions 0..n-1: two [n, E/2] float64 host arrays."""
     angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]  # [n, E/2]
     return np.cos(angles), np.sin(angles)
 
@@ -135,13 +104,13 @@ def rope(xp, x, cos, sin):
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     c, s = cos[:, None, :], sin[:, None, :]  # [T, E/2] -> [T, 1, E/2]
-    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)  # -> [T, N, E]
 
 
 def causal_mask(xp, pos: int, t: int, s: int, window: int | None):
     """[T, S] bool, True where query pos+i may attend key j: j <= pos+i (and pos+i - j < window)."""
-    i = xp.arange(pos, pos + t)[:, None]
-    j = xp.arange(s)[None, :]
+    i = xp.arange(pos, pos + t)[:, None]  # [T, 1]
+    j = xp.arange(s)[None, :]  # [1, S]
     ok = j <= i
     if window is not None:
         ok &= j > i - window
@@ -152,23 +121,24 @@ def attention(xp, q, k, v, mask):
     """Softmax(q k^T / sqrt(E)) v with grouped-query heads; the cache is not copied per head.
 
     q [T, H, E]; k, v [K, S, E]; mask [T, S] bool, or None when every query sees every key (one
-    new token). Query head h reads kv head h // G: the G heads of a group and their T tokens form
+    new token). Query head i reads kv head i // G: the G heads of a group and their T tokens form
     the G*T rows of one matmul against their kv head.
     """
-    t, h, e = q.shape
-    kv, s = k.shape[0], k.shape[1]
-    q = q.reshape(t, kv, h // kv, e).transpose(1, 2, 0, 3)  # [T, H, E] -> [K, G, T, E]
-    q = q.reshape(kv, h // kv * t, e)  # -> [K, G*T, E]
+    t, n_heads, e = q.shape
+    n_kv, s = k.shape[0], k.shape[1]
+    G = n_heads // n_kv
+    q = q.reshape(t, n_kv, G, e).transpose(1, 2, 0, 3)  # [T, H, E] -> [K, G, T, E]
+    q = q.reshape(n_kv, G * t, e)  # -> [K, G*T, E]
     scores = (q @ k.swapaxes(-1, -2)).astype("float32", copy=False)  # -> [K, G*T, S]
-    scores = scores.reshape(kv, h // kv, t, s)  # -> [K, G, T, S]
+    scores = scores.reshape(n_kv, G, t, s)  # -> [K, G, T, S]
     scores *= 1.0 / math.sqrt(e)
     if mask is not None:
-        scores = xp.where(mask, scores, -xp.inf)
+        scores = xp.where(mask, scores, -xp.inf)  # mask [T, S] broadcasts over [K, G]
     scores -= scores.max(axis=-1, keepdims=True)  # softmax over S, in place
     probs = xp.exp(scores, out=scores)
     probs /= probs.sum(axis=-1, keepdims=True)
-    out = probs.astype(v.dtype, copy=False).reshape(kv, h // kv * t, s) @ v  # -> [K, G*T, E]
-    return out.reshape(kv, h // kv, t, e).transpose(2, 0, 1, 3).reshape(t, h * e)  # -> [T, H*E]
+    out = probs.astype(v.dtype, copy=False).reshape(n_kv, G * t, s) @ v  # -> [K, G*T, E]
+    return out.reshape(n_kv, G, t, e).transpose(2, 0, 1, 3).reshape(t, n_heads * e)  # -> [T, H*E]
 
 
 def mlp(xp, x, p: dict[str, Any]):
@@ -180,7 +150,33 @@ def mlp(xp, x, p: dict[str, Any]):
     return linear(hidden, p["w_down"], p["b_down"])  # [T, F] -> [T, D]
 
 
-# ---------------------------------------------------------------------------------------------------
+def block(xp, x, p: dict[str, Any], config: ModelConfig, rot, layer_cache, pos: int, mask):
+    """One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x [T, D] -> [T, D].
+
+    p holds attn_norm_w/_b, wqkv [D, (H+2K)E], bqkv, wo [H*E, D], bo, mlp_norm_w/_b, w_gate [D, F]
+    (None for GPT-2), w_up [D, F], b_up, w_down [F, D], b_down; absent biases are None. rot is
+    (cos, sin) [T, E/2] for RoPE or None; layer_cache is this layer's (k_cache, v_cache), each
+    [K, S_max, E], or None: the T tokens then attend only to each other.
+    """
+    n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
+    t = x.shape[0]
+    xn = norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
+    qkv = linear(xn, p["wqkv"], p["bqkv"])  # [T, D] -> [T, (H+2K)E]
+    qkv = qkv.reshape(t, n_heads + 2 * n_kv, e)  # -> [T, H+2K, E]
+    if rot is not None:  # the H query and K key heads, rotated in one call
+        qkv[:, :n_heads + n_kv] = rope(xp, qkv[:, :n_heads + n_kv], *rot)
+    q, k, v = qkv[:, :n_heads], qkv[:, n_heads:n_heads + n_kv], qkv[:, n_heads + n_kv:]
+    k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, K, E] -> [K, T, E]
+    if layer_cache is not None:
+        k_cache, v_cache = layer_cache
+        k_cache[:, pos:pos + t] = k
+        v_cache[:, pos:pos + t] = v
+        k, v = k_cache[:, :pos + t], v_cache[:, :pos + t]  # -> [K, S, E]
+    x = x + linear(attention(xp, q, k, v, mask), p["wo"], p["bo"])  # [T, H*E] -> [T, D]
+    return x + mlp(xp, norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p)
+
+
+# ------------------------------------------------------------------------------------------------
 # the KV cache
 
 
@@ -208,16 +204,16 @@ class KVCache:
         self.length = int(length)
 
 
-# ---------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # the model
 
 
 class Model:
     """A loaded (or random) transformer: weights on the device and the forward pass over them.
 
-    `weights` is {"embed": [V, D], "pos_embed": [P, D] | None, "norm_w": [D], "norm_b": [D] | None,
-    "lm_head": [D, V], "layers": [ {per-layer dict, see block()} ] * L}, already in the compute dtype
-    and on the device of `xp`.
+    `weights` is {"embed": [V, D], "pos_embed": [P, D] | None, "norm_w": [D], "norm_b": [D] |
+    None, "lm_head": [D, V], "layers": [ {per-layer dict, see block()} ] * L}, already in the
+    compute dtype and on the device of `xp`.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, Any], *, xp, device: str,
@@ -260,8 +256,8 @@ class Model:
         if not isinstance(max_len, (int, np.integer)) or max_len < 1:
             raise MinispecError(f"new_cache: max_len must be a positive integer, got {max_len!r}")
         if max_len > c.max_position_embeddings:
-            raise MinispecError(f"new_cache: max_len {max_len} exceeds the model's context length "
-                                f"(max_position_embeddings={c.max_position_embeddings})")
+            raise MinispecError(f"new_cache: max_len {max_len} exceeds the model's context "
+                                f"length (max_position_embeddings={c.max_position_embeddings})")
         shape = (c.n_layers, c.n_kv_heads, int(max_len), c.head_dim)  # [L, K, S_max, E]
         return KVCache(self.xp.zeros(shape, self.dtype), self.xp.zeros(shape, self.dtype))
 
@@ -270,12 +266,12 @@ class Model:
     def _token_array(self, tokens):
         ids = np.asarray(to_host(tokens) if not isinstance(tokens, (list, tuple)) else tokens)
         if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-            raise MinispecError(f"tokens: expected a non-empty 1-D sequence of integer token ids, "
-                                f"got shape {ids.shape} dtype {ids.dtype}")
+            raise MinispecError(f"tokens: expected a non-empty 1-D sequence of integer token "
+                                f"ids, got shape {ids.shape} dtype {ids.dtype}")
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.vocab_size:
-            raise MinispecError(f"tokens: ids must be in 0..{self.vocab_size - 1} (vocab_size), "
-                                f"got {lo if lo < 0 else hi}")
+            raise MinispecError(f"tokens: ids must be in 0..{self.vocab_size - 1} (vocab_size),"
+                                f" got {lo if lo < 0 else hi}")
         return self.xp.asarray(ids.astype(np.int64))
 
     def _check_span(self, pos: int, t: int, cache: KVCache | None) -> None:
@@ -295,15 +291,16 @@ class Model:
         self._check_span(pos, int(ids.shape[0]), None)
         h = self.weights["embed"][ids]  # [T] -> [T, D]
         if self.weights["pos_embed"] is not None:
-            h = h + self.weights["pos_embed"][pos:pos + ids.shape[0]]
+            h = h + self.weights["pos_embed"][pos:pos + ids.shape[0]]  # + [T, D]
         return h
 
-    def run_layers(self, h, cache: KVCache | None, pos: int, start: int = 0, stop: int | None = None):
+    def run_layers(self, h, cache: KVCache | None, pos: int, start: int = 0,
+                   stop: int | None = None):
         """Layers start..stop-1 on h [T, D] at positions pos..pos+T-1 -> [T, D].
 
         Writes those layers' keys/values into `cache` at pos..pos+T-1 and attends over positions
-        0..pos+T-1 of it; does not change cache.length (forward() does). cache None: no cache, the
-        T tokens attend only to each other (pos must then be 0).
+        0..pos+T-1 of it; does not change cache.length (forward() does). cache None: no cache,
+        the T tokens attend only to each other (pos must then be 0).
         """
         stop = self.n_layers if stop is None else stop
         if not 0 <= start <= stop <= self.n_layers:
@@ -315,57 +312,40 @@ class Model:
         self._check_span(pos, t, cache)
         if self._inv_freq is not None and pos + t > self._rope_len:
             self._grow_rope(pos + t)
-        rot = None if self._inv_freq is None else (self._cos[pos:pos + t], self._sin[pos:pos + t])
+        rot = (None if self._inv_freq is None
+               else (self._cos[pos:pos + t], self._sin[pos:pos + t]))  # 2 x [T, E/2]
         window = self.config.sliding_window
         # one new token sees every position so far, unless a sliding window hides some: no mask
         mask = (None if t == 1 and (window is None or pos < window)
-                else causal_mask(self.xp, pos, t, pos + t, window))
+                else causal_mask(self.xp, pos, t, pos + t, window))  # [T, S]
         for i in range(start, stop):
-            kv = None if cache is None else (cache.k[i], cache.v[i])
-            h = block(self.xp, h, self.weights["layers"][i], self.config, rot, kv, pos, mask)
+            layer_cache = None if cache is None else (cache.k[i], cache.v[i])
+            h = block(self.xp, h, self.weights["layers"][i], self.config, rot, layer_cache, pos,
+                      mask)  # [T, D] -> [T, D]
         return h
 
     def head(self, h):
         """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device)."""
         w = self.weights
-        h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)
+        h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)  # [T, D]
         return linear(h, w["lm_head"]).astype("float32", copy=False)  # [T, D] -> [T, V]
 
     # -- whole passes ---------------------------------------------------------------------------
 
+    def hidden(self, tokens, cache: KVCache):
+        """Feed T tokens at positions cache.length.., advance the cache -> the last hidden state
+        h [T, D] (before the final norm: what Medusa heads and EAGLE read)."""
+        pos = cache.length
+        h = self.embed(tokens, pos)  # [T] -> [T, D]
+        h = self.run_layers(h, cache, pos)  # [T, D]
+        cache.length = pos + h.shape[0]
+        return h
+
     def forward(self, tokens, cache: KVCache):
         """Feed T tokens at positions cache.length.., advance the cache -> logits [T, V] float32."""
-        pos = cache.length
-        h = self.embed(tokens, pos)
-        h = self.run_layers(h, cache, pos)
-        cache.length = pos + h.shape[0]
-        return self.head(h)
+        return self.head(self.hidden(tokens, cache))  # [T, D] -> [T, V]
 
     def logits(self, token_ids) -> np.ndarray:
         """The reference: logits at every position of a fresh sequence, no cache -> host [n, V]."""
-        h = self.run_layers(self.embed(token_ids, 0), None, 0)
-        return to_host(self.head(h))
-
-
-def block(xp, x, p: dict[str, Any], config: ModelConfig, rot, kv, pos: int, mask):
-    """One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x [T, D] -> [T, D].
-
-    p holds attn_norm_w/_b, wqkv [D, (H+2K)E], bqkv, wo [H*E, D], bo, mlp_norm_w/_b, w_gate [D, F]
-    (None for GPT-2), w_up [D, F], b_up, w_down [F, D], b_down; absent biases are None. rot is (cos,
-    sin) [T, E/2] for RoPE or None; kv is this layer's (k, v) cache [K, S_max, E] or None.
-    """
-    h, k_heads, e = config.n_heads, config.n_kv_heads, config.head_dim
-    t = x.shape[0]
-    qkv = linear(norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps), p["wqkv"], p["bqkv"])
-    qkv = qkv.reshape(t, h + 2 * k_heads, e)  # [T, (H+2K)E] -> [T, H+2K, E]
-    if rot is not None:  # the H query and K key heads, rotated in one call
-        qkv[:, :h + k_heads] = rope(xp, qkv[:, :h + k_heads], *rot)
-    q, k, v = qkv[:, :h], qkv[:, h:h + k_heads], qkv[:, h + k_heads:]  # -> [T, H|K|K, E]
-    k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, K, E] -> [K, T, E]
-    if kv is not None:
-        k_cache, v_cache = kv
-        k_cache[:, pos:pos + t] = k
-        v_cache[:, pos:pos + t] = v
-        k, v = k_cache[:, :pos + t], v_cache[:, :pos + t]  # -> [K, S, E]
-    x = x + linear(attention(xp, q, k, v, mask), p["wo"], p["bo"])
-    return x + mlp(xp, norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p)
+        h = self.run_layers(self.embed(token_ids, 0), None, 0)  # [n, D]
+        return to_host(self.head(h))  # [n, V]
