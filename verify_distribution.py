@@ -34,7 +34,6 @@ p-values are also tested for uniformity (Kolmogorov-Smirnov), a diagnostic print
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import math
 import os
@@ -458,64 +457,35 @@ def joint_row(part: str, label: str, law: dict, samples: list[tuple[int, ...]],
     return Row(part, label, test, len(samples), fit, control, hist=(labels, exact, empirical))
 
 
-class UnwarpedDrafter:
+def unwarped_drafter(target, model, top_k: int = 0):
     """A broken drafter (a control): draws each draft token from the draft model's logits at
     temperature 1 but reports q warped with the run's temperature, as a loop that warps the
     distribution it reports but not the one it samples would. Full recompute, no cache."""
+    from minispec.drafters import Draft, Drafter
 
-    name = "model"
+    class UnwarpedDrafter(Drafter):
+        name = "model"
 
-    def __init__(self, model, top_k: int = 0):
-        self.model, self.top_k = model, top_k
+        def propose(self, context, gamma, warp_fn, rng):
+            ctx = list(context)
+            tokens, qs = [], []
+            for _ in range(gamma):
+                z = model.logits(ctx)[-1]
+                x = sample(warp(z, 1.0, top_k), rng)  # the bug: the temperature is not applied
+                tokens.append(x)
+                qs.append(warp_fn(z))
+                ctx.append(x)
+            return Draft(np.array(tokens, dtype=np.int64),
+                         np.array(qs, dtype=np.float64).reshape(gamma, self.vocab_size))
 
-    def start(self, prompt_ids: list[int]) -> None:
-        pass
-
-    def propose(self, context, gamma, warp_fn, rng):
-        ctx = list(context)
-        tokens, qs = [], []
-        for _ in range(gamma):
-            z = self.model.logits(ctx)[-1]
-            x = sample(warp(z, 1.0, self.top_k), rng)  # the bug: the temperature is not applied
-            tokens.append(x)
-            qs.append(warp_fn(z))
-            ctx.append(x)
-        return np.array(tokens, dtype=np.int64), np.array(qs, dtype=np.float64).reshape(gamma, -1)
-
-    def accept(self, context) -> None:
-        pass
-
-
-def control_drafter(model):
-    """The model drafter for the broken-verify controls. Their corrections can repeat the rejected
-    draft, which a correct verify never does (residual(x) = 0 there); ModelDrafter.accept would
-    then keep the whole context cached and the next propose have nothing to feed, so cap it."""
-    from minispec.drafters import ModelDrafter
-
-    class Drafter(ModelDrafter):
-        def accept(self, context):
-            super().accept(context)
-            self.cache.rollback(min(self.cache.length, len(context) - 1))
-
-    return Drafter(model)
-
-
-@contextlib.contextmanager
-def verify_replaced(fn: Sampler):
-    """Run speculative_generate with `fn` as its verify step (for the controls)."""
-    import minispec.speculative as spec
-
-    original = spec.verify
-    spec.verify = fn
-    try:
-        yield
-    finally:
-        spec.verify = original
+    return UnwarpedDrafter(target)
 
 
 def sample_e2e(target, drafter, prompt: list[int], cfg: E2E, n: int, seed: int,
-               label: str) -> list[tuple[int, ...]]:
-    """n continuations of L tokens from speculative_generate, one seed each."""
+               label: str, verify: Sampler | None = None) -> list[tuple[int, ...]]:
+    """n continuations of L tokens from speculative_generate, one seed each; `verify` replaces
+    minispec's verify step (for the controls)."""
+    from minispec import verify as minispec_verify
     from minispec.speculative import speculative_generate
 
     base = int(rng_for(seed, "e2e", label, cfg.name, cfg.draft).integers(2**31))
@@ -523,7 +493,7 @@ def sample_e2e(target, drafter, prompt: list[int], cfg: E2E, n: int, seed: int,
     for i in range(n):
         res = speculative_generate(target, drafter, prompt, gamma=cfg.gamma, max_new_tokens=cfg.L,
                                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                   seed=base + i)
+                                   seed=base + i, verify=verify or minispec_verify)
         out.append(tuple(res.tokens))
     return out
 
@@ -591,12 +561,11 @@ def part2(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list[Row
             continue
         for bug in e2e_controls(cfg):
             if bug == "unwarped q":
-                samples = sample_e2e(target, UnwarpedDrafter(draft, cfg.top_k), TINY_PROMPT, cfg,
-                                     n, seed, bug)
+                samples = sample_e2e(target, unwarped_drafter(target, draft, cfg.top_k),
+                                     TINY_PROMPT, cfg, n, seed, bug)
             else:
-                with verify_replaced(broken_sampler(bug)):
-                    samples = sample_e2e(target, control_drafter(draft), TINY_PROMPT, cfg, n,
-                                         seed, bug)
+                samples = sample_e2e(target, draft, TINY_PROMPT, cfg, n, seed, bug,
+                                     verify=broken_sampler(bug))
             controls.append(joint_row("2", label, law, samples, bug))
     return rows, controls
 
@@ -606,7 +575,7 @@ E2E_DRAFTERS = [E2E(1.0, gamma=2, L=3), E2E(0.6, top_k=6, gamma=3, L=3)]
 
 
 def part2_drafters(seed: int, quick: bool, n: int) -> list[Row]:
-    """The model-free drafters of minispec/drafters.py end to end on the tiny target: n-gram
+    """The model-free drafters of minispec/drafters/ end to end on the tiny target: n-gram
     lookup (one-hot q) on a prompt with a repeat, and early exit (the target's first layer and
     head, sharing its KV cache)."""
     from minispec.drafters import make_drafter
@@ -727,12 +696,12 @@ def main(argv: list[str] | None = None) -> int:
     n_e2e = 800 if args.quick else 2000  # part 2, per configuration and sampler
     n_shipped = 600  # part 3: a sample costs a few calls of the 5-layer target
 
-    from minispec.speculative import verify as minispec_verify
+    from minispec.verify import verify as minispec_verify
 
     if args.sampler:
         sampler, name = load_sampler(args.sampler), args.sampler
     else:
-        sampler, name = minispec_verify, "minispec.speculative.verify"
+        sampler, name = minispec_verify, "minispec.verify"
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"sampler {name}")
     cases = verify_cases(args.quick)

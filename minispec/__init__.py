@@ -13,22 +13,25 @@ from norm(max(0, p - q)): the output follows the target's distribution exactly (
 """
 
 from .config import ModelConfig
-from .drafters import Drafter, ModelDrafter
+from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, make_drafter
 from .errors import MinispecError
 from .loader import load, random_model
 from .model import KVCache, Model
-from .sampling import sample, warp
+from .sampling import Sampling, sample, warp
 from .speculative import (
     GenerationResult,
+    Request,
     Stats,
     autoregressive_generate,
+    generate,
     speculative_generate,
-    verify,
 )
+from .verify import verify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Draft",
     "Drafter",
     "GenerationResult",
     "KVCache",
@@ -36,9 +39,14 @@ __all__ = [
     "Model",
     "ModelConfig",
     "ModelDrafter",
+    "NoDrafter",
+    "Request",
+    "Sampling",
     "Stats",
     "autoregressive_generate",
+    "generate",
     "load",
+    "make_drafter",
     "random_model",
     "sample",
     "speculative_generate",

@@ -2,7 +2,7 @@
 
     python -m minispec --prompt "def parse(" --compare --trace
     python -m minispec                       # interactive prompt with /slash commands
-    python -m minispec bench | sweep ...     # benchmarks (minispec/bench.py, minispec/sweep.py)
+    python -m minispec bench | sweep ...     # benchmarks (minispec/measure/)
 
 With no --target/--draft it runs the pair shipped in weights/.
 """
@@ -10,15 +10,17 @@ With no --target/--draft it runs the pair shipped in weights/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend import set_blas_threads
 from .errors import MinispecError
+from .sampling import Sampling
 
 SHIPPED = Path(__file__).resolve().parent.parent / "weights"
-GREEN, RED, CYAN, YELLOW, DIM, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[2m", "\033[0m"
+GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
 
 HELP = """commands:
   /gamma N        draft length (or /gamma auto)
@@ -38,9 +40,7 @@ class Settings:
     """What the interactive prompt can change between generations."""
 
     gamma: int | str = 4
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: Sampling = field(default_factory=Sampling)  # temperature, top_k, top_p
     max_new_tokens: int = 64
     seed: int | None = 0
     speculative: bool = True
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Subcommands: `minispec bench -h`, `minispec sweep -h`.",
     )
     target, draft = shipped_pair()
-    ap.add_argument("--target", type=Path, default=target, help="target model directory (HF layout)")
+    ap.add_argument("--target", type=Path, default=target,
+                    help="target model directory (HF layout)")
     ap.add_argument("--draft", type=Path, default=None,
                     help=f"draft model directory (default {draft} with the shipped target)")
     ap.add_argument("--drafter", choices=["model", "ngram", "early-exit"], default="model",
@@ -91,9 +92,12 @@ def parse_gamma(text: str) -> int | str:
     if text == "auto":
         return "auto"
     try:
-        return int(text)
+        gamma = int(text)
     except ValueError:
-        raise MinispecError(f"gamma: expected a positive integer or 'auto', got {text!r}") from None
+        gamma = 0
+    if gamma < 1:
+        raise MinispecError(f"gamma: expected a positive integer or 'auto', got {text!r}")
+    return gamma
 
 
 class Session:
@@ -116,9 +120,10 @@ class Session:
         self.draft_model = load(draft_dir, device=args.device) if draft_dir else None
         self.make_drafter = make_drafter
         self.settings = Settings(
-            gamma=parse_gamma(str(args.gamma)), temperature=args.temperature, top_k=args.top_k,
-            top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed,
-            trace=args.trace, drafter=args.drafter, exit_layer=args.exit_layer,
+            gamma=parse_gamma(str(args.gamma)),
+            sampling=Sampling(args.temperature, args.top_k, args.top_p),
+            max_new_tokens=args.max_new_tokens, seed=args.seed, trace=args.trace,
+            drafter=args.drafter, exit_layer=args.exit_layer,
         )
         self.color = sys.stdout.isatty() and not args.no_color
 
@@ -128,16 +133,15 @@ class Session:
                                  exit_layer=s.exit_layer)
 
     def generate(self, prompt: str, speculative: bool):
-        from .speculative import autoregressive_generate, speculative_generate
+        from .drafters import NoDrafter
+        from .speculative import Request, generate
 
         s = self.settings
         ids = self.target.tokenizer.encode(prompt)
-        kw = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature, "top_k": s.top_k,
-              "top_p": s.top_p, "eos_token_id": self.target.config.eos_token_ids or None,
-              "seed": s.seed}
+        request = Request(s.max_new_tokens, self.target.config.eos_token_ids, s.seed)
         if speculative:
-            return speculative_generate(self.target, self.drafter(), ids, gamma=s.gamma, **kw)
-        return autoregressive_generate(self.target, ids, **kw)
+            return generate(self.target, self.drafter(), ids, s.sampling, request, gamma=s.gamma)
+        return generate(self.target, NoDrafter(self.target), ids, s.sampling, request, gamma=0)
 
     def warm_up(self, prompt: str) -> None:
         s = self.settings
@@ -215,11 +219,14 @@ def command(session: Session, line: str) -> bool:
     s = session.settings
     name, _, arg = line[1:].partition(" ")
     arg = arg.strip()
+    def sampling(**change):  # a new Sampling: checked at once
+        s.sampling = dataclasses.replace(s.sampling, **change)
+
     setters = {
         "gamma": lambda a: setattr(s, "gamma", parse_gamma(a)),
-        "temperature": lambda a: setattr(s, "temperature", float(a)),
-        "top_k": lambda a: setattr(s, "top_k", int(a)),
-        "top_p": lambda a: setattr(s, "top_p", float(a)),
+        "temperature": lambda a: sampling(temperature=float(a)),
+        "top_k": lambda a: sampling(top_k=int(a)),
+        "top_p": lambda a: sampling(top_p=float(a)),
         "length": lambda a: setattr(s, "max_new_tokens", int(a)),
         "drafter": lambda a: setattr(s, "drafter", a),
     }
@@ -272,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "bench":
-            from . import bench
+            from .measure import bench
 
             return bench.main(argv[1:])
         if argv and argv[0] == "sweep":
-            from . import sweep
+            from .measure import sweep
 
             return sweep.main(argv[1:])
         args = build_parser().parse_args(argv)

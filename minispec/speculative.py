@@ -1,70 +1,137 @@
-"""Speculative decoding (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2).
+"""Speculative decoding: the round and the loop (Leviathan et al. 2023, Algorithm 1; Chen et al.
+2023, Algorithm 2).
 
 A cheap drafter guesses gamma tokens; the target scores all of them in one call; `verify` keeps
 the longest prefix the target agrees with, in a way that leaves the output distributed exactly as
-if the target had sampled every token itself. Autoregressive decoding lives here too, as the same
-loop with no drafter: one target call per token. Both share the argument checks, the warping, the
-KV-cache handling and the stopping rules, written once in `_generate`.
+if the target had sampled every token itself. `speculative_round` is one such round, written in
+the paper's order; `generate` repeats it until EOS or the token budget. Autoregressive decoding
+is the same loop with a drafter that never drafts (`NoDrafter`): one target call per token.
+
+    result = generate(target, drafter, prompt_ids, Sampling(temperature=0), Request(64))
+
+`speculative_generate` and `autoregressive_generate` are the same loop behind keyword arguments.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
 import numpy as np
 
-from .drafters import ModelDrafter, check_vocabularies, is_model
+from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, sampled_vocab_size
 from .errors import MinispecError
-from .sampling import check_sampling_params, sample, warp
+from .model import Model
+from .sampling import Sampling
+from .verify import verify
+
+__all__ = [
+    "AutoGamma", "FixedGamma", "GenerationResult", "Request", "Round", "Stats",
+    "autoregressive_generate", "generate", "next_gamma", "sampled_vocab_size",
+    "speculative_generate", "speculative_round", "verify",
+]
+
+# verify's signature: (p [g+1, V], q [g, V], draft_tokens [g], rng) -> emitted tokens [1..g+1]
+VerifyFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], np.ndarray]
 
 
-def verify(p, q, draft_tokens, rng: np.random.Generator) -> np.ndarray:
-    """The speculative step: which draft tokens to keep, and the one token the target adds.
+# ---- the request --------------------------------------------------------------------------------
 
-    p [g+1, V] float64: the target's (warped) distributions at each draft position and one past;
-    q [g, V] float64: the distributions the draft tokens were drawn from; draft_tokens [g] int64;
-    rng: the Generator that supplies every random number. g may be 0.
-    Returns the emitted tokens, int64 [1..g+1]: the accepted prefix of the drafts, then either a
-    correction (sampled after the first rejection) or, if all g were accepted, a bonus token.
 
-    Leviathan et al. 2023, Algorithm 1 and section 2.3; Chen et al. 2023, Algorithm 2. For each
-    draft x_i ~ q_i: draw r ~ U(0, 1), accept x_i if r < min(1, p_i(x) / q_i(x)). At the first
-    rejection, sample from norm(max(0, p_i - q_i)) instead and stop; if nothing was rejected,
-    sample one more token from p_g. Why this is lossless: P(emit x) = min(p(x), q(x)) (accepted)
-    + (1 - sum_y min(p(y), q(y))) * norm(max(0, p - q))(x) (rejected, resampled) = p(x), for any
-    q (Leviathan et al., Appendix A.1; Chen et al., Theorem 1). With greedy (one-hot) p and q a
-    draft is accepted iff it is the target's argmax, and the correction is that argmax.
+@dataclass(frozen=True)
+class Request:
+    """What to generate, besides how to sample it: at most max_new_tokens new tokens (fewer if
+    the context runs out), stopping after any of eos_token_ids (kept in the output); seed fixes
+    every random draw (None: fresh randomness). Checked when made."""
+
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        n, seed = self.max_new_tokens, self.seed
+        if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+            raise MinispecError(f"max_new_tokens: expected an integer >= 1, got {n!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral)
+                                 or seed < 0):
+            raise MinispecError(f"seed: expected None or an integer >= 0, got {seed!r}")
+        object.__setattr__(self, "max_new_tokens", int(n))
+        object.__setattr__(self, "eos_token_ids", eos_ids(self.eos_token_ids))
+        object.__setattr__(self, "seed", None if seed is None else int(seed))
+
+
+def eos_ids(eos) -> tuple[int, ...]:
+    """An EOS argument (None, one id, or a sequence of ids) as a tuple of ids >= 0."""
+    if eos is None:
+        return ()
+    if isinstance(eos, np.ndarray):
+        eos = eos.tolist()
+    ids = [eos] if isinstance(eos, Integral) else eos
+    if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, (Sequence, set, frozenset)):
+        ids = [eos]  # not a token id, not a sequence of them: reported below
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, Integral) or t < 0:
+            raise MinispecError(f"eos_token_id: expected None, a token id or a list of token "
+                                f"ids (integers >= 0), got {eos!r:.200}")
+    return tuple(int(t) for t in ids)
+
+
+# ---- gamma: how many drafts a round asks for ----------------------------------------------------
+
+
+class FixedGamma:
+    """The same gamma every round."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A fixed gamma learns nothing from a round."""
+
+
+AUTO_GAMMA_START = 5  # Hugging Face's num_assistant_tokens default for its "heuristic" schedule
+AUTO_GAMMA_MAX = 16  # our cap (HF has none): a long run of full acceptances stops here
+
+
+def next_gamma(gamma: int, drafted: int, accepted: int) -> int:
+    """gamma="auto": the next round's gamma after a round that drafted and accepted so many.
+
+    Hugging Face's "heuristic" schedule for num_assistant_tokens: start at AUTO_GAMMA_START; +2
+    after a round whose drafts were all accepted, -1 after a rejection; here also kept within
+    1..AUTO_GAMMA_MAX, and a round with no drafts (nothing to learn from) changes nothing.
     """
-    g = len(draft_tokens)
-    if p.ndim != 2 or p.shape[0] != g + 1 or q.shape != (g, p.shape[1]):
-        raise MinispecError(
-            f"verify: expected p [g+1, V], q [g, V] for g = {g} draft tokens, "
-            f"got p {p.shape} and q {q.shape}"
-        )
-    emitted = []
-    for i in range(g):
-        x = int(draft_tokens[i])
-        r = rng.random()  # U[0, 1)
-        # Accept with probability min(1, p(x)/q(x)), written r*q(x) < p(x) so that nothing is
-        # divided by zero: p(x) = 0 never accepts (strict <), and a draft the drafter claimed
-        # impossible, q(x) = 0, is accepted whenever the target allows it (the limit p/q -> inf).
-        if r * q[i, x] < p[i, x]:
-            emitted.append(x)
-            continue
-        residual = np.maximum(p[i] - q[i], 0.0)  # where the target wants more than was drafted
-        mass = residual.sum()
-        # mass 0 means p == q (numerically), where a rejection can only come from q(x) = 0 = p(x):
-        # the residual is then p itself.
-        emitted.append(sample(residual / mass if mass > 0 else p[i], rng))
-        return np.array(emitted, dtype=np.int64)
-    emitted.append(sample(p[g], rng))  # all accepted: the bonus token, from the target for free
-    return np.array(emitted, dtype=np.int64)
+    if drafted == 0:
+        return gamma
+    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == drafted else max(gamma - 1, 1)
 
 
-# ---- results --------------------------------------------------------------------------------
+class AutoGamma:
+    """gamma="auto": `next_gamma` after every round, from AUTO_GAMMA_START. gamma depends only on
+    rounds already verified, so the output stays exact: every round's tokens are distributed as
+    the target's for any gamma."""
+
+    def __init__(self) -> None:
+        self.gamma = AUTO_GAMMA_START
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.gamma = next_gamma(self.gamma, drafted, accepted)
+
+
+def gamma_policy(gamma, *, least: int = 1):
+    """gamma as the loop uses it: an integer >= least -> FixedGamma, "auto" -> AutoGamma, or
+    any object with .gamma and .update(drafted, accepted) (a policy of your own)."""
+    if gamma == "auto":
+        return AutoGamma()
+    if hasattr(gamma, "gamma") and hasattr(gamma, "update"):
+        return gamma
+    if isinstance(gamma, bool) or not isinstance(gamma, Integral) or gamma < least:
+        raise MinispecError(f"gamma: expected an integer >= {least} or 'auto', got {gamma!r:.100}")
+    return FixedGamma(int(gamma))
+
+
+# ---- results ------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -77,6 +144,10 @@ class Round:
     kind: str  # "correction" | "bonus" ("bonus" too when nothing was drafted)
     emitted: list[int]  # added to the output: drafted[:accepted] + [token], cut after an EOS
     gamma: int = 0  # the drafts asked for this round (the drafter may propose fewer)
+    stopped: bool = False  # an EOS was emitted
+    # timings, left out of comparisons: two runs with one seed have equal rounds
+    draft_seconds: float = field(default=0.0, compare=False)  # in drafter.propose
+    verify_seconds: float = field(default=0.0, compare=False)  # target call, verify, accept
 
 
 @dataclass
@@ -94,6 +165,15 @@ class Stats:
     verify_seconds: float = 0.0  # in the target call, warping p and verify()
     total_seconds: float = 0.0  # the whole generation
     rounds: list[Round] = field(default_factory=list)
+
+    def add(self, r: Round) -> None:
+        self.rounds.append(r)
+        self.new_tokens += len(r.emitted)
+        self.drafted += len(r.drafted)
+        self.accepted += r.accepted
+        self.target_calls += 1
+        self.draft_seconds += r.draft_seconds
+        self.verify_seconds += r.verify_seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -113,11 +193,9 @@ class Stats:
     def as_dict(self, rounds: bool = False) -> dict:
         """The counters, timings and derived rates as a plain dict (JSON-ready); rounds optional."""
         d = {k: v for k, v in self.__dict__.items() if k != "rounds"}
-        d.update(
-            acceptance_rate=self.acceptance_rate,
-            tokens_per_target_call=self.tokens_per_target_call,
-            tokens_per_second=self.tokens_per_second,
-        )
+        d.update(acceptance_rate=self.acceptance_rate,
+                 tokens_per_target_call=self.tokens_per_target_call,
+                 tokens_per_second=self.tokens_per_second)
         if rounds:
             d["rounds"] = [r.__dict__.copy() for r in self.rounds]
         return d
@@ -132,223 +210,206 @@ class GenerationResult:
     stats: Stats
 
 
-# ---- the loop -------------------------------------------------------------------------------
+# ---- one round ----------------------------------------------------------------------------------
 
 
-def autoregressive_generate(
-    model,
-    prompt_ids,
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_token_id: int | Sequence[int] | None = None,
-    seed: int | None = None,
-) -> GenerationResult:
+def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, warp,
+                      verify: VerifyFn, rng: np.random.Generator, eos: tuple[int, ...]) -> Round:
+    """One round of Algorithm 1 (Leviathan et al. 2023): draft, one target call, verify.
+
+    context: the tokens so far (prompt + output), extended in place by the emitted tokens.
+    cache: the target's KV cache, holding every context token but the last. warp: logits ->
+    the probabilities generation samples from (the same for the target's p and the drafter's q).
+    verify: the speculative step (minispec.verify, or any function with its signature).
+    """
+    t0 = time.perf_counter()
+    # 1. the drafter proposes g <= gamma tokens and q, the distributions it drew them from
+    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter)
+    drafts = draft.tokens.tolist()
+    t1 = time.perf_counter()
+
+    # 2. one target call over the context tokens the cache lacks (the last one; the whole prompt
+    #    in round 1) and the g drafts: its last g + 1 rows are p_0..p_g, the target's
+    #    distributions after each draft prefix
+    pos = cache.length
+    logits, hidden = drafter.verify_forward(context[pos:] + drafts, cache, len(drafts) + 1)
+    p = warp(logits)  # [g+1, V]
+
+    # 3. keep a prefix of the drafts, then the target's correction or bonus token
+    emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
+    accepted = len(emitted) - 1
+
+    # 4. the target's cache keeps the accepted drafts (rolling back is setting one integer);
+    #    the last emitted token has no keys or values yet: the next round feeds it
+    kept = len(context) + accepted
+    cache.rollback(kept)
+
+    # 5. an EOS ends the generation: it is kept, anything after it dropped
+    stop = next((i for i, t in enumerate(emitted) if t in eos), None)
+    out = emitted if stop is None else emitted[: stop + 1]
+    context += out
+    if stop is None:  # 6. the drafter catches up, reading what the target computed
+        drafter.accept(context, hidden[: kept - pos])
+    return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
+                 kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
+                 gamma=gamma, draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
+                 stopped=stop is not None)
+
+
+def check_draft(draft, gamma: int, drafter) -> Draft:
+    """The drafter's proposal, or MinispecError naming the drafter and what it returned."""
+    if not isinstance(draft, Draft):
+        raise MinispecError(f"drafter {drafter.name!r}: propose must return a Draft(tokens, q), "
+                            f"got {type(draft).__name__}")
+    tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
+    g = tokens.shape[0] if tokens.ndim == 1 else -1
+    if g < 0 or (g and not np.issubdtype(tokens.dtype, np.integer)) or g > gamma:
+        raise MinispecError(f"drafter {drafter.name!r}: expected at most {gamma} integer draft "
+                            f"tokens [g], got shape {tokens.shape} dtype {tokens.dtype}")
+    if q.shape != (g, V):
+        raise MinispecError(f"drafter {drafter.name!r}: q must be [g, V] = [{g}, {V}] (one row "
+                            f"per draft over the sampled vocabulary), got shape {q.shape}")
+    if g and (tokens.min() < 0 or tokens.max() >= V):
+        raise MinispecError(f"drafter {drafter.name!r}: draft token ids must be in 0..{V - 1}, "
+                            f"got {tokens.tolist()}")
+    return Draft(tokens.astype(np.int64, copy=False), q)
+
+
+def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
+    """verify's output as a list, or MinispecError if it is not a kept prefix of the drafts plus
+    one token id in 0..V-1."""
+    out = np.asarray(emitted).ravel().tolist()
+    g = len(drafts)
+    if (not 1 <= len(out) <= g + 1 or out[:-1] != drafts[: len(out) - 1]
+            or not all(isinstance(t, int) for t in out) or not 0 <= out[-1] < V):
+        name = getattr(verify, "__name__", repr(verify))
+        raise MinispecError(f"verify {name}: expected the accepted prefix of the drafts "
+                            f"{drafts} plus one token, got {out!r:.200}")
+    return out
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
+
+def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Request, *,
+             gamma=4, verify: VerifyFn = verify) -> GenerationResult:
+    """Decode `request.max_new_tokens` tokens after `prompt_ids` from `target`, in rounds.
+
+    drafter: a Drafter made for `target` (a Model is wrapped in a ModelDrafter); NoDrafter(target)
+    decodes autoregressively. gamma: drafts per round (an integer >= 0, "auto", or a policy
+    object with .gamma and .update(drafted, accepted)). verify: the speculative step.
+    """
+    drafter = as_drafter(target, drafter)
+    policy = gamma_policy(gamma, least=0)
+    prompt, max_new = check_prompt(target, prompt_ids, request)
+    start = time.perf_counter()
+    rng = np.random.default_rng(request.seed)
+    V = drafter.vocab_size
+
+    def warp(logits):  # one warp for p and q, onto the V ids generation samples from
+        probs = sampling.warp(logits[..., :V])  # [..., V'] -> [..., min(V', V)]
+        if probs.shape[-1] < V:  # a draft vocabulary without the target's padded ids: q = 0
+            probs = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, V - probs.shape[-1])])
+        return probs  # [..., V]
+
+    context = list(prompt)
+    cache = target.new_cache(len(prompt) + max_new)  # every position this generation can use
+    drafter.start(list(prompt), cache)
+    label = gamma if isinstance(gamma, (int, str)) else type(policy).__name__
+    stats = Stats(drafter=drafter.name, gamma=label)
+    while len(context) - len(prompt) < max_new:
+        left = max_new - (len(context) - len(prompt))
+        g = min(policy.gamma, left - 1)  # a round emits up to g + 1 tokens: stay in the budget
+        r = speculative_round(drafter, context, cache, g, warp, verify, rng,
+                              request.eos_token_ids)
+        stats.add(r)
+        policy.update(len(r.drafted), r.accepted)
+        if r.stopped:
+            break
+    stats.draft_calls = drafter.calls
+    stats.total_seconds = time.perf_counter() - start
+    tokens = context[len(prompt):]
+    stop_reason = "eos" if stats.rounds and stats.rounds[-1].stopped else "length"
+    return GenerationResult(tokens=tokens, stop_reason=stop_reason, stats=stats)
+
+
+def as_drafter(target, drafter) -> Drafter:
+    """A Drafter for `target`: a drafter made for it, or a draft Model (wrapped in ModelDrafter)."""
+    if not isinstance(target, Model):
+        raise MinispecError(f"target: expected a minispec Model (minispec.load), got "
+                            f"{type(target).__name__}")
+    if isinstance(drafter, Model):
+        return ModelDrafter(target, drafter)
+    if not isinstance(drafter, Drafter):
+        raise MinispecError(f"drafter: expected a Model or a minispec.drafters.Drafter, got "
+                            f"{type(drafter).__name__}")
+    if drafter.target is not target:
+        raise MinispecError(f"drafter {drafter.name!r} was made for model "
+                            f"{getattr(drafter.target, 'name', '?')!r}, not for the target "
+                            f"{target.name!r}; make it with that target")
+    return drafter
+
+
+def check_prompt(target, prompt_ids, request: Request) -> tuple[list[int], int]:
+    """The prompt as a list of ids in the target's vocabulary, and the new tokens that fit the
+    context; EOS ids checked against the vocabulary too. MinispecError names the bad one."""
+    try:
+        ids = np.asarray(prompt_ids)
+    except (TypeError, ValueError):  # ragged nesting
+        ids = np.empty((0, 0))
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise MinispecError(f"prompt_ids: expected a non-empty 1-D sequence of integer token "
+                            f"ids, got shape {ids.shape} dtype {ids.dtype}")
+    V = target.vocab_size
+    if ids.min() < 0 or ids.max() >= V:
+        bad = int(ids.min() if ids.min() < 0 else ids.max())
+        raise MinispecError(f"prompt_ids: token id {bad} is outside the vocabulary 0..{V - 1}")
+    bad_eos = [t for t in request.eos_token_ids if t >= V]
+    if bad_eos:
+        raise MinispecError(f"eos_token_id: {bad_eos[0]} is outside the vocabulary 0..{V - 1}")
+    context_length = target.config.max_position_embeddings
+    room = context_length - ids.size
+    if room < 1:
+        raise MinispecError(
+            f"prompt_ids: {ids.size} tokens leave no room for new tokens in the context of "
+            f"{context_length} positions (max_position_embeddings of {target.name!r})")
+    return ids.tolist(), min(request.max_new_tokens, room)
+
+
+# ---- the two functions users call ---------------------------------------------------------------
+
+
+def speculative_generate(target, drafter, prompt_ids, *, gamma: int | str = 4,
+                         max_new_tokens: int, temperature: float, top_k: int = 0,
+                         top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None,
+                         seed: int | None = None, verify: VerifyFn = verify) -> GenerationResult:
+    """Speculative decoding: the same output distribution as autoregressive decoding of `target`
+    (token for token when temperature is 0), with fewer target calls.
+
+    drafter: a Model sharing the target's tokenizer (wrapped in a ModelDrafter) or any Drafter
+    made for `target` (minispec.drafters.make_drafter). gamma: draft tokens per round (>= 1), or
+    "auto" to adapt it as it goes (`next_gamma`). verify: the speculative step; any function with
+    `minispec.verify`'s signature fn(p, q, draft_tokens, rng) runs inside the real loop. The
+    other arguments are autoregressive_generate's.
+    """
+    gamma_policy(gamma)  # gamma >= 1 here: 0 drafts is autoregressive_generate
+    return generate(target, drafter, prompt_ids, Sampling(temperature, top_k, top_p),
+                    Request(max_new_tokens, eos_token_id, seed), gamma=gamma, verify=verify)
+
+
+def autoregressive_generate(model, prompt_ids, *, max_new_tokens: int, temperature: float,
+                            top_k: int = 0, top_p: float = 1.0,
+                            eos_token_id: int | Sequence[int] | None = None,
+                            seed: int | None = None) -> GenerationResult:
     """The baseline: sample max_new_tokens tokens from `model`, one forward call per token.
 
     prompt_ids: the context (token ids). temperature 0 is greedy; top_k 0 and top_p 1.0 are off.
     Stops after eos_token_id (an id or several; kept in the output) or max_new_tokens new tokens
     (fewer if the context length runs out). One seeded Generator draws every random number.
     """
-    prompt, max_new, eos = _check_request(
-        model, None, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed
-    )
-    return _generate(model, None, 0, prompt, max_new, temperature, top_k, top_p, eos, seed)
-
-
-def speculative_generate(
-    target,
-    drafter,
-    prompt_ids,
-    *,
-    gamma: int | str = 4,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    eos_token_id: int | Sequence[int] | None = None,
-    seed: int | None = None,
-) -> GenerationResult:
-    """Speculative decoding: the same output distribution as autoregressive decoding of `target`
-    (token for token when temperature is 0), with fewer target calls.
-
-    drafter: a Model sharing the target's tokenizer (wrapped in a ModelDrafter) or any Drafter.
-    gamma: draft tokens per round (>= 1), or "auto" to adapt it as it goes (`next_gamma`).
-    The other arguments are autoregressive_generate's.
-    """
-    if is_model(drafter):
-        drafter = ModelDrafter(drafter)
-    if isinstance(drafter, ModelDrafter):
-        check_vocabularies(target, drafter.model)
-    elif not all(hasattr(drafter, a) for a in ("start", "propose", "accept")):
-        raise MinispecError(
-            f"drafter: expected a Model or a Drafter (start/propose/accept), "
-            f"got {type(drafter).__name__}"
-        )
-    if gamma != "auto" and (
-        isinstance(gamma, bool) or not isinstance(gamma, Integral) or gamma < 1
-    ):
-        raise MinispecError(f"gamma: expected an integer >= 1 or 'auto', got {gamma!r}")
-    prompt, max_new, eos = _check_request(
-        target, drafter, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos_token_id, seed
-    )
-    return _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p, eos, seed)
-
-
-def _round_gamma(gamma: int, remaining: int) -> int:
-    """Drafts to ask for this round: gamma, shrunk near the end so that the round's up to
-    gamma + 1 new tokens fit in the `remaining` budget (remaining 1: no drafts, one target step).
-    """
-    return min(gamma, remaining - 1)
-
-
-AUTO_GAMMA_START = 5  # Hugging Face's num_assistant_tokens default for its "heuristic" schedule
-AUTO_GAMMA_MAX = 16  # our cap (HF has none): a long run of full acceptances stops here
-
-
-def next_gamma(gamma: int, drafted: int, accepted: int) -> int:
-    """gamma="auto": the next round's gamma after a round that drafted and accepted so many.
-
-    Hugging Face's "heuristic" schedule for num_assistant_tokens: start at AUTO_GAMMA_START; +2
-    after a round whose drafts were all accepted, -1 after a rejection; here also kept within
-    1..AUTO_GAMMA_MAX, and a round with no drafts (nothing to learn from) changes nothing.
-    gamma depends only on rounds already verified, so the output stays exact: every round's
-    tokens are distributed as the target's for any gamma.
-    """
-    if drafted == 0:
-        return gamma
-    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == drafted else max(gamma - 1, 1)
-
-
-def _generate(target, drafter, gamma, prompt, max_new, temperature, top_k, top_p, eos, seed):
-    """The loop both generate functions share; drafter None is autoregressive decoding."""
-    start = time.perf_counter()
-    rng = np.random.default_rng(seed)
-    V = sampled_vocab_size(target)
-
-    def warp_fn(logits):  # the same warp for p and q, over the same V token ids
-        return warp(logits[..., :V], temperature, top_k, top_p)
-
-    stats = Stats(drafter="none" if drafter is None else drafter.name, gamma=gamma)
-    gamma = AUTO_GAMMA_START if gamma == "auto" else gamma  # "auto": next_gamma adapts it
-    context = list(prompt)
-    tokens: list[int] = []
-    stop_reason = "length"
-    # The target's cache holds every context token but the last, which each round feeds again in
-    # front of the drafts: their logits are p_0..p_g.
-    cache = target.new_cache(len(prompt) + max_new)
-    forward = target.forward  # the verify call
-    if drafter is not None:
-        drafter.start(list(prompt))
-        if hasattr(drafter, "share_cache"):  # made of the target's layers: drafts in its cache
-            forward = drafter.share_cache(target, cache)  # verifies without redoing that work
-    no_drafts, no_q = np.empty(0, dtype=np.int64), np.empty((0, V))
-    while len(tokens) < max_new:
-        asked = g = _round_gamma(gamma, max_new - len(tokens)) if drafter is not None else 0
-        t0 = time.perf_counter()
-        drafts, q = drafter.propose(context, g, warp_fn, rng) if g > 0 else (no_drafts, no_q)
-        drafts, q = np.asarray(drafts, dtype=np.int64), np.asarray(q, dtype=np.float64)
-        if len(drafts) > g:
-            raise MinispecError(f"drafter {stats.drafter!r} proposed {len(drafts)} > {g} tokens")
-        if q.shape[1] < V:  # a draft vocabulary without the target's padding: q = 0 there
-            q = np.pad(q, ((0, 0), (0, V - q.shape[1])))
-        t1 = time.perf_counter()
-        g = len(drafts)
-        logits = forward(context[cache.length :] + drafts.tolist(), cache)  # [T, V_target]
-        p = warp_fn(logits[-(g + 1) :])  # [g+1, V]: only the rows verify() reads
-        emitted = verify(p, q, drafts, rng).tolist()
-        cache.rollback(len(context) + len(emitted) - 1)  # keep last + the accepted drafts
-        t2 = time.perf_counter()
-
-        accepted = len(emitted) - 1
-        round_ = Round(
-            drafted=drafts.tolist(),
-            accepted=accepted,
-            token=emitted[-1],
-            kind="bonus" if accepted == g else "correction",
-            emitted=emitted,
-            gamma=asked,
-        )
-        for i, t in enumerate(emitted):
-            if t in eos:  # tokens after EOS are dropped, EOS itself is kept
-                round_.emitted = emitted = emitted[: i + 1]
-                stop_reason = "eos"
-                break
-        tokens += emitted
-        context += emitted
-        stats.rounds.append(round_)
-        stats.drafted += g
-        stats.accepted += accepted
-        stats.target_calls += 1
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        if stats.gamma == "auto":
-            gamma = next_gamma(gamma, g, accepted)
-        if stop_reason == "eos":
-            break
-        if drafter is not None:
-            drafter.accept(context)
-    stats.new_tokens = len(tokens)
-    stats.draft_calls = getattr(drafter, "calls", 0)
-    stats.total_seconds = time.perf_counter() - start
-    return GenerationResult(tokens=tokens, stop_reason=stop_reason, stats=stats)
-
-
-def sampled_vocab_size(target) -> int:
-    """The token ids generation samples from: the target's vocabulary, without the embedding
-    rows padded past its tokenizer (they are no token: nothing decodes them, no drafter has them).
-    """
-    tokenizer = getattr(target, "tokenizer", None)
-    if tokenizer is None:
-        return target.vocab_size
-    return min(target.vocab_size, tokenizer.vocab_size)
-
-
-def _check_request(
-    model, drafter, prompt_ids, max_new_tokens, temperature, top_k, top_p, eos, seed
-):
-    """Check the arguments both generate functions share; MinispecError names the bad one.
-
-    Returns (prompt ids as a list, max new tokens that fit the context, set of EOS ids).
-    """
-    check_sampling_params(temperature, top_k, top_p)
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, Integral)
-        or (max_new_tokens < 1)
-    ):
-        raise MinispecError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or seed < 0):
-        raise MinispecError(f"seed: expected None or an integer >= 0, got {seed!r}")
-    ids = np.asarray(prompt_ids)
-    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
-        raise MinispecError(
-            f"prompt_ids: expected a non-empty 1-D sequence of integer token ids, "
-            f"got shape {ids.shape} dtype {ids.dtype}"
-        )
-    V = model.vocab_size
-    draft_model = getattr(drafter, "model", None)
-    if draft_model is not None:
-        V = min(V, draft_model.vocab_size)  # the draft model must be able to read the prompt
-    if ids.min() < 0 or ids.max() >= V:
-        bad = int(ids.min() if ids.min() < 0 else ids.max())
-        raise MinispecError(f"prompt_ids: token id {bad} is outside the vocabulary 0..{V - 1}")
-    eos_ids = [] if eos is None else [eos] if isinstance(eos, Integral) else eos
-    if isinstance(eos_ids, (str, bytes)) or not hasattr(eos_ids, "__iter__"):
-        eos_ids = [eos]  # not a token id: reported just below
-    for t in eos_ids:
-        if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < model.vocab_size:
-            raise MinispecError(
-                f"eos_token_id: expected None or token ids in 0..{model.vocab_size - 1}, "
-                f"got {eos!r}"
-            )
-    context_length = model.config.max_position_embeddings
-    room = context_length - ids.size
-    if room < 1:
-        raise MinispecError(
-            f"prompt_ids: {ids.size} tokens leave no room for new tokens in the context of "
-            f"{context_length} positions (max_position_embeddings of {model.name!r})"
-        )
-    return ids.tolist(), min(int(max_new_tokens), room), {int(t) for t in eos_ids}
+    sampling, request = Sampling(temperature, top_k, top_p), Request(max_new_tokens,
+                                                                     eos_token_id, seed)
+    if not isinstance(model, Model):
+        raise MinispecError(f"model: expected a minispec Model (minispec.load), got "
+                            f"{type(model).__name__}")
+    return generate(model, NoDrafter(model), prompt_ids, sampling, request, gamma=0)

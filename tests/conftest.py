@@ -33,7 +33,8 @@ def device(request) -> str:
 
 
 def tiny_config(family: str = "llama", **overrides) -> ModelConfig:
-    """A few-thousand-parameter config of `family`: GQA for the RoPE families, a window for mistral."""
+    """A few-thousand-parameter config of `family`: GQA for the RoPE families, a window for
+    mistral."""
     kw = {"family": family, "vocab_size": 48, "hidden_size": 32, "n_layers": 2, "n_heads": 4,
           "n_kv_heads": 2, "intermediate_size": 64, "max_position_embeddings": 64,
           "bos_token_id": 1, "eos_token_id": 2}

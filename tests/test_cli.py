@@ -44,7 +44,8 @@ def test_generate_compare_trace(pair, capsys):
     assert rc == 0
     assert out.startswith("accepted ~rejected~ [->correction] [+bonus]")
     calls = int(re.search(r"(\d+) target calls", out).group(1))
-    assert len(re.findall(r"^round +\d+ \|", out, re.MULTILINE)) == calls  # one trace line per round
+    # one trace line per round
+    assert len(re.findall(r"^round +\d+ \|", out, re.MULTILINE)) == calls
     assert "speculative (model drafter): 10 tokens" in out
     assert "autoregressive: 10 tokens, 10 target calls" in out
     assert "outputs identical" in out  # greedy: speculative == autoregressive, token for token

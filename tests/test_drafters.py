@@ -1,4 +1,4 @@
-"""Tests for the drafters beyond a second model (minispec/drafters.py) and gamma="auto".
+"""Tests for the drafters beyond a second model (minispec/drafters/) and gamma="auto".
 
 The n-gram lookup on its own, then every drafter inside the loop on tiny random models: greedy
 output token for token against autoregressive decoding, sampled output against the target's
@@ -25,7 +25,7 @@ from minispec.drafters import (
 )
 from minispec.errors import MinispecError
 from minispec.loader import load, random_model
-from minispec.model import KVCache
+from minispec.model import Model
 from minispec.sampling import warp
 from minispec.speculative import (
     AUTO_GAMMA_MAX,
@@ -95,11 +95,19 @@ def test_lookup_allows_overlap_with_the_suffix():
 
 
 def propose(drafter, context, gamma):
-    return drafter.propose(context, gamma, None, None)
+    draft = drafter.propose(context, gamma, None, None)
+    return draft.tokens, draft.q
+
+
+def ngram(vocab_size, **kw):
+    """An n-gram drafter for a target of `vocab_size` tokens."""
+    target = random_model(ModelConfig(vocab_size=vocab_size, hidden_size=8, n_layers=1,
+                                      n_heads=2, intermediate_size=8, max_position_embeddings=32))
+    return NgramDrafter(target, **kw)
 
 
 def test_ngram_drafter_copies_what_followed_with_one_hot_q():
-    d = NgramDrafter(vocab_size=12)
+    d = ngram(12)
     drafts, q = propose(d, [1, 2, 3, 4, 5, 1, 2], 3)
     assert drafts.tolist() == [3, 4, 5]
     assert q.shape == (3, 12) and np.array_equal(q, np.eye(12)[[3, 4, 5]])
@@ -111,19 +119,19 @@ def test_ngram_drafter_copies_what_followed_with_one_hot_q():
 
 
 def test_ngram_drafter_without_a_match_drafts_nothing():
-    drafts, q = propose(NgramDrafter(vocab_size=12), [1, 2, 3, 4], 4)
+    drafts, q = propose(ngram(12), [1, 2, 3, 4], 4)
     assert drafts.shape == (0,) and q.shape == (0, 12)
 
 
 def test_ngram_drafter_stops_at_ids_outside_its_vocabulary():
-    drafts, q = propose(NgramDrafter(vocab_size=10), [1, 2, 4, 11, 5, 1, 2], 4)
+    drafts, q = propose(ngram(10), [1, 2, 4, 11, 5, 1, 2], 4)
     assert drafts.tolist() == [4] and q.shape == (1, 10)
 
 
-@pytest.mark.parametrize("kwargs", [{"max_n": 0}, {"max_n": 1.5}, {"vocab_size": 0}])
-def test_ngram_drafter_rejects_bad_parameters(kwargs):
-    with pytest.raises(MinispecError, match=next(iter(kwargs))):
-        NgramDrafter(**{"vocab_size": 8, **kwargs})
+@pytest.mark.parametrize("max_n", [0, 1.5, True])
+def test_ngram_drafter_rejects_bad_parameters(max_n):
+    with pytest.raises(MinispecError, match="max_n"):
+        ngram(8, max_n=max_n)
 
 
 def test_one_hot_q_accepts_with_p_of_the_draft_and_resamples_p_without_it():
@@ -145,8 +153,8 @@ def test_one_hot_q_accepts_with_p_of_the_draft_and_resamples_p_without_it():
 
 def drafters():
     return {
-        "model": ModelDrafter(DRAFT),
-        "ngram": NgramDrafter(vocab_size=V),
+        "model": ModelDrafter(TARGET, DRAFT),
+        "ngram": NgramDrafter(TARGET),
         "early-exit k=1": EarlyExitDrafter(TARGET, 1),
         "early-exit k=3": EarlyExitDrafter(TARGET, 3),
     }
@@ -173,7 +181,7 @@ def test_greedy_output_is_the_targets_for_every_drafter(name, gamma):
 
 
 def test_ngram_drafts_nothing_without_repetition_and_much_with_it():
-    d = NgramDrafter(vocab_size=V)
+    d = NgramDrafter(TARGET)
     for prompt in PROMPTS["distinct"]:
         sd = speculative_generate(TARGET, d, prompt, gamma=4, max_new_tokens=2, **GREEDY)
         assert sd.stats.rounds[0].drafted == []
@@ -182,19 +190,20 @@ def test_ngram_drafts_nothing_without_repetition_and_much_with_it():
         assert len(sd.stats.rounds[0].drafted) == 4
 
 
-class CountingTarget:
+class CountingTarget(Model):
     """A stand-in target that always continues t with t + 1 (mod 8): its text repeats with
     period 8, so once the context holds one period the n-gram drafter predicts it exactly."""
 
-    config = ModelConfig(**{**CONFIG, "vocab_size": 8})
-    vocab_size, name, tokenizer = 8, "counting", None
+    def __init__(self):
+        super().__init__(ModelConfig(**{**CONFIG, "vocab_size": 8}), {}, xp=np, device="cpu",
+                         dtype=np.float32, name="counting")
 
-    def new_cache(self, max_len=None):
-        return KVCache(np.zeros((1, 1, max_len, 1)), np.zeros((1, 1, max_len, 1)))
-
-    def forward(self, tokens, cache):
+    def hidden(self, tokens, cache):
         cache.length += len(tokens)
-        return 30.0 * np.eye(8, dtype=np.float32)[(np.asarray(tokens) + 1) % 8]  # [T, V]
+        return np.asarray(tokens)  # the "hidden state" is the token itself
+
+    def head(self, h):
+        return 30.0 * np.eye(8, dtype=np.float32)[(h + 1) % 8]  # [T, V]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -233,30 +242,32 @@ class CheckedEarlyExit(EarlyExitDrafter):
     def propose(self, context, gamma, warp_fn, rng):
         self.target.run_layers = self.run
         try:
-            drafts, q = super().propose(context, gamma, warp_fn, rng)
+            draft = super().propose(context, gamma, warp_fn, rng)
         finally:
             del self.target.run_layers
         t = self.target
-        for i in range(len(drafts)):
-            seq = list(context) + drafts[:i].tolist()
+        for i in range(len(draft.tokens)):
+            seq = list(context) + draft.tokens[:i].tolist()
             h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.k)  # first k layers, no cache
-            np.testing.assert_allclose(q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
-        return drafts, q
+            np.testing.assert_allclose(draft.q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
+        return draft
 
-    def verify_forward(self, tokens, cache):
+    def verify_forward(self, tokens, cache, n_logits):
         assert len(self.ids) >= cache.length
         del self.ids[cache.length :]  # what the loop's rollback forgot
         self.ids += [int(x) for x in tokens]
         self.verified += len(tokens)
         self.target.run_layers = self.run
         try:
-            logits = super().verify_forward(tokens, cache)
+            logits, hidden = super().verify_forward(tokens, cache, n_logits)
         finally:
             del self.target.run_layers
-        assert cache.length == len(self.ids)
+        assert cache.length == len(self.ids) and hidden.shape[0] == len(tokens)
         reference = self.target.logits(self.ids)[-len(tokens) :]
-        np.testing.assert_allclose(to_host(logits), reference, rtol=1e-4, atol=1e-4)
-        return logits
+        np.testing.assert_allclose(to_host(logits), reference[-n_logits:], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(to_host(self.target.head(hidden)), reference, rtol=1e-4,
+                                   atol=1e-4)
+        return logits, hidden
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -275,13 +286,6 @@ def test_early_exit_shares_the_cache_and_computes_each_position_once(temperature
         assert d.calls == sd.stats.draft_calls == sd.stats.drafted  # one step per draft
 
 
-def test_early_exit_needs_the_loop_to_share_the_cache():
-    d = EarlyExitDrafter(TARGET, 1)
-    d.start([1, 2])
-    with pytest.raises(MinispecError, match="share_cache"):
-        d.propose([1, 2], 2, lambda z: warp(z, 1.0), np.random.default_rng(0))
-
-
 def test_early_exit_drafter_of_another_model_is_refused():
     with pytest.raises(MinispecError, match="early-exit"):
         speculative_generate(TARGET, EarlyExitDrafter(DRAFT_2L, 1), [1, 2], max_new_tokens=4,
@@ -289,16 +293,18 @@ def test_early_exit_drafter_of_another_model_is_refused():
 
 
 def test_early_exit_verify_forward_recomputes_what_was_not_drafted():
-    # verify_forward is a drop-in target.forward: with nothing drafted it computes everything
+    # verify_forward is a drop-in target forward: with nothing drafted it computes everything
     d = EarlyExitDrafter(TARGET, 2)
     cache = TARGET.new_cache(32)
-    d.start([])
-    forward = d.share_cache(TARGET, cache)
+    d.start([5], cache)
     seq = [5, 9, 2, 7, 7, 1]
-    first = to_host(forward(seq[:4], cache))
-    rest = to_host(forward(seq[4:], cache))
+    first, h1 = d.verify_forward(seq[:4], cache, 4)
+    rest, h2 = d.verify_forward(seq[4:], cache, 1)
     reference = TARGET.logits(seq)
-    np.testing.assert_allclose(np.vstack([first, rest]), reference, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.vstack([to_host(first), to_host(rest)]),
+                               reference[[0, 1, 2, 3, 5]], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(to_host(TARGET.head(np.vstack([h1, h2]))), reference, rtol=1e-4,
+                               atol=1e-4)
 
 
 def test_model_free_drafters_on_each_device(device):
@@ -361,7 +367,7 @@ def test_next_gamma_follows_the_schedule_within_its_bounds():
 
 @pytest.mark.parametrize("draft", ["same", "other", "ngram"])
 def test_auto_gamma_adapts_round_by_round_and_stays_exact(draft):
-    drafter = {"same": TARGET, "other": DRAFT, "ngram": NgramDrafter(vocab_size=V)}[draft]
+    drafter = {"same": TARGET, "other": DRAFT, "ngram": NgramDrafter(TARGET)}[draft]
     prompt = PROMPTS["repetitive"][1]
     max_new = 60
     sd = speculative_generate(TARGET, drafter, prompt, gamma="auto", max_new_tokens=max_new,

@@ -1,8 +1,8 @@
 """Parity with Hugging Face transformers: the same tiny random checkpoint, the same logits.
 
-Each test builds a randomly initialised model with transformers, writes it with save_pretrained (as the
-hub serves it), loads it with minispec and compares logits at every position: max |diff| <= 1e-4 in
-float32. The max difference per family is printed (pytest -s) and kept in MAX_DIFF.
+Each test builds a randomly initialised model with transformers, writes it with save_pretrained
+(as the hub serves it), loads it with minispec and compares logits at every position: max |diff|
+<= 1e-4 in float32. The max difference per family is printed (pytest -s) and kept in MAX_DIFF.
 """
 
 import copy
@@ -10,15 +10,15 @@ import json
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch", reason="parity tests need torch (pip install 'minispec[parity]')")
-transformers = pytest.importorskip(
-    "transformers", reason="parity tests need transformers (pip install 'minispec[parity]')")
-
 from conftest import tiny_config
 
 from minispec.backend import to_host
 from minispec.loader import load, random_model, save_checkpoint
+
+torch = pytest.importorskip("torch",
+                            reason="parity tests need torch (pip install 'minispec[parity]')")
+transformers = pytest.importorskip(
+    "transformers", reason="parity tests need transformers (pip install 'minispec[parity]')")
 
 TOL = 1e-4
 V = 96

@@ -1,6 +1,6 @@
 """Tests for minispec/speculative.py: verify() on arrays, then the generation loops on tiny models.
 
-ModelDrafter (minispec/drafters.py) is tested here too, inside the loop it serves.
+ModelDrafter (minispec/drafters/model.py) is tested here too, inside the loop it serves.
 """
 
 from pathlib import Path
@@ -12,9 +12,10 @@ from stats_helpers import pooled_chisquare
 
 from minispec.backend import get_backend, to_host
 from minispec.config import ModelConfig
-from minispec.drafters import ModelDrafter
+from minispec.drafters import Draft, Drafter, ModelDrafter
 from minispec.errors import MinispecError
 from minispec.loader import load, random_model
+from minispec.model import Model
 from minispec.sampling import sample, warp
 from minispec.speculative import autoregressive_generate, speculative_generate, verify
 from minispec.tokenizer import Tokenizer
@@ -55,6 +56,34 @@ def test_verify_rejects_bad_shapes():
     for args in [(p[:2], q, d), (p, q[:, :3], d), (p, q, d[:1]), (p[0], q, d)]:
         with pytest.raises(MinispecError, match="verify"):
             verify(*args, rng)
+
+
+def _bad_verify_args():
+    p, q, d = np.full((3, 4), 0.25), np.full((2, 4), 0.25), np.array([0, 1])
+    nan, neg, zero = p.copy(), q.copy(), q.copy()
+    nan[1, 2] = np.nan
+    neg[0] = [0.5, 0.5, 0.5, -0.5]
+    zero[1] = 0.0
+    return [
+        ((nan, q, d), "finite"), ((p, neg, d), ">= 0"), ((p, zero, d), "sum to 1"),
+        ((p * 0.9, q, d), "sum to 1"), ((p, q, np.array([0, 4])), "outside the vocabulary"),
+        ((p, q, np.array([-1, 0])), "outside the vocabulary"),
+        ((p, q, np.array([0.0, 1.0])), "integer"), ((np.zeros((1, 0)), np.zeros((0, 0)), []), "V"),
+        ((p, q, [[0, 1]]), "1-D"), ((p, "q", d), "arrays of numbers"),
+    ]
+
+
+@pytest.mark.parametrize("args, match", _bad_verify_args())
+def test_verify_rejects_bad_values_naming_them(args, match):
+    with pytest.raises(MinispecError, match=match):
+        verify(*args, np.random.default_rng(0))
+
+
+def test_verify_takes_lists_and_needs_a_generator():
+    p, q = [[0.5, 0.5], [1.0, 0.0]], [[0.0, 1.0]]
+    assert verify(p, q, [1], np.random.default_rng(0))[0] in (0, 1)
+    with pytest.raises(MinispecError, match="rng"):
+        verify(np.array(p), np.array(q), np.array([1]), None)
 
 
 def test_greedy_one_hot_p_equals_q_accepts_every_draft():
@@ -214,27 +243,23 @@ PROMPTS = [
 REPO = Path(__file__).resolve().parents[1]
 
 
-class CheckedModel:
+class CheckedModel(Model):
     """A Model whose every forward call is checked against a recompute without cache: the KV
     cache then holds exactly the tokens it should, through every rollback and catch-up."""
 
     def __init__(self, model):
-        self.model = model
-        self.config, self.vocab_size, self.name = model.config, model.vocab_size, model.name
-        self.tokenizer = model.tokenizer
+        super().__init__(model.config, model.weights, xp=model.xp, device=model.device,
+                         dtype=model.dtype, tokenizer=model.tokenizer, name=model.name)
         self.ids: list[int] = []  # the tokens in the cache, position by position
 
-    def new_cache(self, max_len=None):
-        return self.model.new_cache(max_len)
-
-    def forward(self, tokens, cache):
+    def hidden(self, tokens, cache):
         assert len(self.ids) >= cache.length  # the cache holds nothing we did not feed it
         del self.ids[cache.length :]  # what rollback() forgot
         self.ids += [int(t) for t in tokens]
-        logits = self.model.forward(tokens, cache)
-        reference = self.model.logits(self.ids)[-len(tokens) :]
-        np.testing.assert_allclose(to_host(logits), reference, rtol=1e-4, atol=1e-4)
-        return logits
+        h = super().hidden(tokens, cache)
+        reference = self.logits(self.ids)[-len(tokens) :]
+        np.testing.assert_allclose(to_host(self.head(h)), reference, rtol=1e-4, atol=1e-4)
+        return h
 
 
 def check_stats(result, max_new_tokens):
@@ -304,28 +329,28 @@ def test_caches_hold_the_right_tokens_through_rollbacks(temperature):
 
 
 def test_model_drafter_catches_up_and_rolls_back():
-    drafter = ModelDrafter(CLOSE)
+    drafter = ModelDrafter(TARGET, CLOSE)
     context = list(PROMPTS[5])
-    drafter.start(context)
+    drafter.start(context, TARGET.new_cache())
     rng = np.random.default_rng(0)
 
     def warp_fn(logits):
         return warp(logits, 1.0)
 
     for keep in [4, 0, 2, 4, 1, 3]:  # drafts the "target" keeps, then its own token 7
-        drafts, q = drafter.propose(context, 4, warp_fn, rng)
-        assert drafts.shape == (4,) and q.shape == (4, V)
+        draft = drafter.propose(context, 4, warp_fn, rng)
+        assert draft.tokens.shape == (4,) and draft.q.shape == (4, V)
         for i in range(4):  # q_i is the draft model's distribution after context + drafts[:i]
-            expected = warp(CLOSE.logits(context + drafts[:i].tolist())[-1], 1.0)
-            np.testing.assert_allclose(q[i], expected, rtol=1e-4, atol=1e-6)
-        context += drafts[:keep].tolist() + [7]
-        drafter.accept(context)
+            expected = warp(CLOSE.logits(context + draft.tokens[:i].tolist())[-1], 1.0)
+            np.testing.assert_allclose(draft.q[i], expected, rtol=1e-4, atol=1e-6)
+        context += draft.tokens[:keep].tolist() + [7]
+        drafter.accept(context, None)
         assert drafter.cache.length <= len(context) - 1
     assert drafter.calls == 6 * 4
 
 
 def test_model_drafter_grows_a_small_cache():
-    drafter = ModelDrafter(CLOSE)
+    drafter = ModelDrafter(TARGET, CLOSE)
     drafter.cache = CLOSE.new_cache(8)  # start() keeps a cache it already has
     prompt = PROMPTS[6]
     r = speculative_generate(TARGET, drafter, prompt, gamma=4, max_new_tokens=30, **GREEDY)
@@ -417,29 +442,22 @@ def test_draft_with_a_shorter_context_drafts_less_near_its_end():
     assert sd.stats.rounds[-1].drafted == []
 
 
-class RepeatDrafter:
+class RepeatDrafter(Drafter):
     """A model-free Drafter: proposes the last context token again, with a one-hot q."""
 
     name = "repeat"
-    calls = 0
 
-    def start(self, prompt_ids):
-        pass
-
-    def propose(self, context, gamma, warp_fn, rng):
-        drafts = np.full(gamma, context[-1], dtype=np.int64)
+    def propose(self, context, gamma, warp, rng):
         q = np.zeros((gamma, V))
         q[:, context[-1]] = 1.0
-        return drafts, q
-
-    def accept(self, context):
-        pass
+        return Draft(np.full(gamma, context[-1], dtype=np.int64), q)
 
 
 def test_any_drafter_works():
     for prompt in PROMPTS[:5]:
         ar = autoregressive_generate(TARGET, prompt, max_new_tokens=20, **GREEDY)
-        sd = speculative_generate(TARGET, RepeatDrafter(), prompt, max_new_tokens=20, **GREEDY)
+        sd = speculative_generate(TARGET, RepeatDrafter(TARGET), prompt, max_new_tokens=20,
+                                  **GREEDY)
         assert sd.tokens == ar.tokens
         assert sd.stats.drafter == "repeat" and sd.stats.draft_calls == 0
 
@@ -543,8 +561,29 @@ BAD = [
     ({"prompt_ids": list(range(64))}, "prompt_ids"),  # no room left in the context
     ({"eos_token_id": V}, "eos_token_id"),
     ({"eos_token_id": "x"}, "eos_token_id"),
+    ({"eos_token_id": iter([3])}, "eos_token_id"),  # an iterator: refused, never half-consumed
+    ({"eos_token_id": [3, -2]}, "eos_token_id"),
     ({"seed": -1}, "seed"),
+    ({"seed": 1.5}, "seed"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": 10**400}, "temperature"),  # an int beyond float range
+    ({"prompt_ids": [[1], [1, 2]]}, "prompt_ids"),  # ragged
 ]
+
+
+def test_extreme_but_valid_parameters_work():
+    from fractions import Fraction
+
+    prompt = PROMPTS[4]
+    greedy = autoregressive_generate(TARGET, prompt, max_new_tokens=8, **GREEDY).tokens
+    for t in (1e-308, 5e-324, Fraction(1, 10**9)):  # tiny temperatures: greedy in the limit
+        for fn in (autoregressive_generate, speculative_generate):
+            args = (TARGET, CLOSE) if fn is speculative_generate else (TARGET,)
+            r = fn(*args, prompt, max_new_tokens=8, temperature=t, seed=0)
+            assert r.tokens == greedy
+    r = speculative_generate(TARGET, CLOSE, prompt, max_new_tokens=8, temperature=1e300,
+                             seed=0, eos_token_id=np.array(5))
+    assert len(r.tokens) >= 1 and (r.tokens[-1] == 5) == (r.stop_reason == "eos")
 
 
 @pytest.mark.parametrize("kwargs, name", BAD)
@@ -612,8 +651,12 @@ def test_greedy_speculative_equals_autoregressive_on_the_gpu():
     assert a.tokens == b.tokens
 
 
-def test_a_model_drafter_given_directly_is_checked_too():
+def test_vocabularies_are_checked_when_a_drafter_is_made():
     with pytest.raises(MinispecError, match="vocab_size"):
-        speculative_generate(
-            tiny(vocab_size=32), ModelDrafter(TARGET), [1, 2], max_new_tokens=5, **GREEDY
-        )
+        ModelDrafter(tiny(vocab_size=32), TARGET)
+
+
+def test_a_drafter_made_for_another_target_is_refused():
+    with pytest.raises(MinispecError, match="made for model"):
+        speculative_generate(UNRELATED, ModelDrafter(TARGET, CLOSE), [1, 2], max_new_tokens=5,
+                             **GREEDY)

@@ -1,18 +1,15 @@
-"""Tests for minispec/sweep.py: the gamma sweep on tiny random models, its command line on a
+"""Tests for minispec/measure/sweep.py: the gamma sweep on tiny random models, its command line on a
 checkpoint written to a temporary directory, and on the shipped pair when weights/ has it."""
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from minispec import bench, sweep
-from minispec.backend import to_host
 from minispec.config import ModelConfig
 from minispec.errors import MinispecError
 from minispec.loader import random_model, save_checkpoint
+from minispec.measure import harness, sweep
 
 CONFIG = {
     "family": "llama",
@@ -41,7 +38,7 @@ def test_sweep_has_a_row_per_gamma_with_the_theorem_beside_it(drafter):
         assert 0 <= r["acceptance_rate"] <= r["alpha"] <= 1
         assert 1 <= r["tokens_per_target_call"] <= r["gamma"] + 1
         assert r["c"] > 0 and r["speedup"] > 0
-        assert r["predicted_speedup"] == bench.predicted_speedup(r["alpha"], r["gamma"], r["c"])
+        assert r["predicted_speedup"] == harness.predicted_speedup(r["alpha"], r["gamma"], r["c"])
         assert r["verify_ratio"] > 0 and r["predicted_speedup_measured_verify"] > 0
         assert r["identical_to_autoregressive"] == len(PROMPTS)  # greedy: the target's output
     best = max(rows, key=lambda r: r["speedup"])
@@ -54,30 +51,6 @@ def test_sweep_has_a_row_per_gamma_with_the_theorem_beside_it(drafter):
     assert [int(line.split()[0]) for line in lines[header + 1 : header + 4]] == [1, 2, 3]
     assert f"recommended gamma: {best['gamma']}" in table
     json.dumps(report)  # JSON-ready
-
-
-def test_per_token_alpha_counts_only_tested_drafts():
-    def result(*rounds):
-        rs = [SimpleNamespace(drafted=[0] * d, accepted=a) for d, a in rounds]
-        return SimpleNamespace(stats=SimpleNamespace(rounds=rs))
-
-    # 4 drafted, 1 accepted then rejected: 2 tested, alpha 1/2 (accept rate would be 1/4)
-    assert sweep.per_token_alpha([result((4, 1))]) == 0.5
-    # all accepted: alpha 1; rounds without drafts do not count
-    assert sweep.per_token_alpha([result((3, 3), (0, 0)), result((2, 2))]) == 1.0
-    assert sweep.per_token_alpha([result((0, 0))]) == 0.0
-    assert sweep.per_token_alpha([result((2, 0), (2, 2))]) == 2 / 3
-
-
-def test_early_exit_step_is_the_first_k_layers_and_the_head():
-    step = sweep.EarlyExitStep(TARGET, 2)
-    cache = step.new_cache(16)
-    seq = [4, 8, 15, 16, 23]
-    step.forward(seq[:3], cache)
-    logits = to_host(step.forward(seq[3:], cache))[-1]
-    h = TARGET.run_layers(TARGET.embed(seq, 0), None, 0, 0, 2)
-    np.testing.assert_allclose(logits, to_host(TARGET.head(h))[-1], rtol=1e-4, atol=1e-5)
-    assert cache.length == 5
 
 
 def test_parse_gammas():

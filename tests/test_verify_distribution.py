@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import verify_distribution as vd
+import verify_distribution as vd  # noqa: E402 - the script at the repository root
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:

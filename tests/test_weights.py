@@ -84,7 +84,8 @@ def test_greedy_output_is_the_recorded_one(target):
 
 @pytest.mark.parametrize("name", ["target", "draft"])
 def test_parity_with_transformers(name, target, draft):
-    torch = pytest.importorskip("torch", reason="parity needs torch (pip install 'minispec[parity]')")
+    torch = pytest.importorskip("torch",
+                                reason="parity needs torch (pip install 'minispec[parity]')")
     transformers = pytest.importorskip(
         "transformers", reason="parity needs transformers (pip install 'minispec[parity]')")
     model = {"target": target, "draft": draft}[name]

@@ -156,7 +156,7 @@ def batches(stream: np.ndarray, batch: int, seq: int, rng: np.random.Generator):
 
 
 def eval_windows(stream: np.ndarray, seq: int, n: int):
-    """Up to n consecutive non-overlapping held-out windows [n, seq+1] (fixed, for comparability)."""
+    """Up to n consecutive non-overlapping held-out windows [n, seq+1] (fixed, comparable)."""
     import torch
 
     n = min(n, (len(stream) - 1) // seq)
@@ -165,7 +165,7 @@ def eval_windows(stream: np.ndarray, seq: int, n: int):
 
 
 def heldout_metrics(model, windows, teacher=None, batch: int = 8) -> dict[str, float]:
-    """Mean held-out cross-entropy (nats/token), and KL(teacher || model) when a teacher is given."""
+    """Mean held-out cross-entropy (nats/token), and KL(teacher || model) given a teacher."""
     import torch
     import torch.nn.functional as F
 
@@ -332,9 +332,12 @@ def with_bos_post_processor(tok_json: str) -> str:
     doc = json.loads(tok_json)
     doc["post_processor"] = {
         "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"SpecialToken": {"id": EOT, "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "single": [{"SpecialToken": {"id": EOT, "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": EOT, "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": EOT, "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
         "special_tokens": {EOT: {"id": EOT, "ids": [0], "tokens": [EOT]}}}
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
@@ -449,7 +452,8 @@ def main(argv: list[str] | None = None) -> None:
         target = LlamaForCausalLM(llama_config(QUICK_TARGET if args.quick else TARGET,
                                                tok.get_vocab_size(), args.seq))
         report["target"] = {"params": sum(p.numel() for p in target.parameters()),
-                            "steps": args.steps, "batch": args.batch, "seq": args.seq, "lr": args.lr}
+                            "steps": args.steps, "batch": args.batch, "seq": args.seq,
+                            "lr": args.lr}
         report["target"]["seconds"] = round(train(target, train_ids, steps=args.steps,
                                                   batch=args.batch, seq=args.seq, lr=args.lr,
                                                   seed=args.seed), 1)

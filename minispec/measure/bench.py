@@ -13,8 +13,8 @@ report can say where theory and measurement agree and where they part.
     minispec bench --json > bench.json      # the same, for machines
     minispec bench --gamma auto --hf off --num-prompts 50 --repeats 5
 
-The measurement helpers (predicted_speedup, cost_ratio, time_decode_step, ...) are public: the
-sweep (minispec/sweep.py) reuses them.
+Every quantity is measured by the one harness (minispec/measure/harness.py), the same way
+`minispec sweep` measures it: run both on one pair and they report the same c and speedup.
 
 BLAS threads: on a small CPU shared with other work, multi-threaded OpenBLAS makes decode-sized
 matmuls (one row times a [D, F] matrix) many times slower than a single thread, because its
@@ -26,353 +26,39 @@ decode step at 1 and at all cores, and reports both in its header.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.metadata
 import importlib.util
 import json
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from .backend import blas_threads, get_blas_threads, set_blas_threads
-from .errors import MinispecError
-
-# ---------------------------------------------------------------------------------------------
-# the theory (Leviathan et al. 2023, section 3)
-
-
-def expected_tokens_per_call(alpha: float, gamma: int) -> float:
-    """Expected tokens one round emits: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1).
-
-    alpha: expected acceptance rate of a draft token; gamma: drafts per round. alpha = 1 gives
-    the limit gamma + 1 (every draft accepted, plus the bonus token).
-    """
-    _check_alpha_gamma(alpha, gamma)
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Theorem 3.8: expected walltime improvement (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
-
-    c: time of one draft call / time of one target call. Assumes the target checks gamma + 1
-    tokens in the time it takes to generate one (see `verify_cost_curve` for how true that is).
-    """
-    if not c >= 0:
-        raise MinispecError(f"c: expected a cost ratio >= 0, got {c!r}")
-    return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
-
-
-def predicted_speedup_measured_verify(alpha: float, gamma: int, c: float, verify_ratio: float
-                                      ) -> float:
-    """Theorem 3.8 with the verify call's measured cost: E[tokens] / (gamma c + t(gamma+1)/t(1)).
-
-    verify_ratio: t(gamma + 1 tokens in one target call) / t(1 token), from `verify_cost_curve`.
-    """
-    return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
-
-
-def _check_alpha_gamma(alpha: float, gamma: float) -> None:
-    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
-    if not 0.0 <= alpha <= 1.0:
-        raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
-        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
-
-
-# BLAS threads: minispec/backend.py (set_blas_threads, blas_threads), re-exported here
-
-
-# ---------------------------------------------------------------------------------------------
-# prompts
-
-
-def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompt texts from a file: JSON {"prompts": [{"text": ...} | "text", ...]} (the format of
-    weights/prompts.json) or a JSON list of the same; any other file is one prompt per line.
-
-    limit: keep the first `limit` prompts (None: all).
-    """
-    path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise MinispecError(f"{path}: cannot read the prompt file ({e.strerror})") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise MinispecError(f"{path}: not valid JSON ({e})") from None
-        items = data.get("prompts") if isinstance(data, dict) else data
-        if not isinstance(items, list):
-            raise MinispecError(f"{path}: expected a list of prompts or {{\"prompts\": [...]}}")
-        texts = []
-        for i, item in enumerate(items):
-            text = item.get("text") if isinstance(item, dict) else item
-            if not isinstance(text, str) or not text:
-                raise MinispecError(f"{path}: prompt {i} has no non-empty \"text\" string")
-            texts.append(text)
-    else:
-        texts = [line for line in raw.splitlines() if line.strip()]
-    if not texts:
-        raise MinispecError(f"{path}: no prompts in the file")
-    return texts[:limit] if limit else texts
-
-
-def encode_prompts(texts: Sequence[str], tokenizer) -> list[list[int]]:
-    """Token ids of each prompt, with BOS as the tokenizer adds it (the target's tokenizer)."""
-    if tokenizer is None:
-        raise MinispecError("prompts: the target has no tokenizer.json, so text prompts cannot "
-                            "be encoded")
-    return [list(tokenizer.encode(t)) for t in texts]
-
-
-# ---------------------------------------------------------------------------------------------
-# timing primitives
-
-
-def median(xs: Sequence[float]) -> float:
-    """The median (statistics.median), NaN for an empty sequence."""
-    return statistics.median(xs) if len(xs) else float("nan")
-
-
-def _sync(model) -> None:
-    """Wait for queued GPU work, so a timer sees it (no-op on the CPU)."""
-    if getattr(model, "device", "cpu") == "gpu":
-        model.xp.cuda.Device().synchronize()
-
-
-def time_decode_steps(cases: Sequence[tuple], context: int = 64, repeats: int = 20,
-                      warmup: int = 3) -> list[float]:
-    """Median seconds of one `forward` of k tokens on a warm cache of `context` positions, for
-    each (model, k) in `cases`, timed round-robin (one call of each case in turn) so that a
-    change in the machine's load during the measurement affects every case alike.
-
-    The same k tokens are fed and rolled back each time, so every call sees the same cache length:
-    k = 1 is a decode step, k = gamma + 1 is a verify call.
-    """
-    runs = []
-    for model, k in cases:
-        if k < 1 or context < 1:
-            raise MinispecError(f"time_decode_step: need k >= 1 and context >= 1, got {k}, "
-                                f"{context}")
-        ids = (np.arange(context + k) % min(model.vocab_size, 256)).tolist()
-        cache = model.new_cache(context + k)
-        model.forward(ids[:context], cache)  # the prefill: a warm cache of `context` positions
-        runs.append((model, ids[context:], cache))
-    times: list[list[float]] = [[] for _ in runs]
-    for i in range(warmup + repeats):
-        for j, (model, new, cache) in enumerate(runs):
-            t0 = time.perf_counter()
-            model.forward(new, cache)
-            _sync(model)
-            if i >= warmup:
-                times[j].append(time.perf_counter() - t0)
-            cache.rollback(context)
-    return [median(t) for t in times]
-
-
-def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
-                     warmup: int = 3) -> float:
-    """Median seconds of one `forward` of k tokens on a warm cache holding `context` positions
-    (see time_decode_steps)."""
-    return time_decode_steps([(model, k)], context, repeats, warmup)[0]
-
-
-def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: int = 20
-                     ) -> dict[str, float]:
-    """{threads: median seconds of a decode step with NumPy's BLAS on that many threads}, the
-    counts taken in turn call by call; {} when the BLAS cannot be controlled."""
-    if get_blas_threads() is None:
-        return {}
-    before = get_blas_threads()
-    ids = (np.arange(context + 1) % min(model.vocab_size, 256)).tolist()
-    cache = model.new_cache(context + 1)
-    model.forward(ids[:context], cache)
-    times: dict[str, list[float]] = {str(n): [] for n in counts}
-    try:
-        for i in range(3 + repeats):
-            for n in counts:
-                set_blas_threads(n)
-                t0 = time.perf_counter()
-                model.forward(ids[context:], cache)
-                if i >= 3:
-                    times[str(n)].append(time.perf_counter() - t0)
-                cache.rollback(context)
-    finally:
-        set_blas_threads(before)
-    return {n: median(t) for n, t in times.items()}
-
-
-def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
-    and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
-    attention over the cache, Python) is the step's time minus this."""
-    from .model import linear
-
-    xp, w = model.xp, model.weights
-    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
-    mats = [layer[n] for layer in w["layers"] for n in names if layer.get(n) is not None]
-    mats.append(w["lm_head"])
-    xs = {m.shape[0]: xp.ones((k, m.shape[0]), dtype=model.dtype) for m in mats}
-    times = []
-    for i in range(warmup + repeats):
-        t0 = time.perf_counter()
-        for m in mats:
-            linear(xs[m.shape[0]], m)
-        _sync(model)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return median(times)
-
-
-def cost_ratio(target, draft, context: int = 64, repeats: int = 20) -> dict[str, float]:
-    """c of Theorem 3.8: median draft decode step / median target decode step (one token, warm
-    cache of `context` positions). Returns {"c", "draft_step_s", "target_step_s"}."""
-    t_draft, t_target = time_decode_steps([(draft, 1), (target, 1)], context, repeats)
-    return {"c": t_draft / t_target, "draft_step_s": t_draft, "target_step_s": t_target}
-
-
-def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64,
-                      repeats: int = 20) -> dict[int, float]:
-    """{k: t(k tokens in one call) / t(1 token)}: how much checking k tokens costs over one."""
-    timed = sorted({1, *ks})
-    times = dict(zip(timed, time_decode_steps([(model, k) for k in timed], context, repeats)))
-    return {k: times[k] / times[1] for k in ks}
-
-
-def time_runs(fn: Callable[[], object], repeats: int = 3, warmup: int = 1
-              ) -> tuple[float, list[float], object]:
-    """Call fn warmup + repeats times; (median seconds of the timed calls, all of them, last
-    result)."""
-    for _ in range(warmup):
-        fn()
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return median(times), times, result
-
-
-def time_generation(generate: Callable[[list[int]], object], prompts: Sequence[list[int]],
-                    repeats: int = 3, warmup: int = 1) -> dict:
-    """Time generate(prompt) over the whole prompt set, warmup + repeats passes.
-
-    generate returns a GenerationResult (anything with .tokens and .stats works; .stats may be
-    missing). Returns {"seconds": median seconds per pass, "pass_seconds": each timed pass,
-    "new_tokens": new tokens per pass, "tokens_per_second": new_tokens / seconds, "results": the
-    last pass's results, one per prompt}.
-    """
-    def one_pass():
-        return [generate(list(p)) for p in prompts]
-
-    seconds, passes, results = time_runs(one_pass, repeats, warmup)
-    new_tokens = sum(len(r.tokens) for r in results)
-    return {"seconds": seconds, "pass_seconds": passes, "new_tokens": new_tokens,
-            "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
-            "results": results}
-
-
-# ---------------------------------------------------------------------------------------------
-# the memory-bound floor
-
-
-def _best_seconds(fn, repeats: int, xp) -> float:
-    fn()  # fault the pages in, warm the caches
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        if xp is not np:
-            xp.cuda.Device().synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
-def read_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
-    """Bytes/s at which the machine streams an nbytes float32 array through the CPU (or GPU):
-    nbytes / the best time of `a.max()`, a pass that only reads, like a decode step reading
-    its weights. Whether this is DRAM or cache bandwidth depends on nbytes and the cache sizes.
-    """
-    a = xp.ones(max(nbytes // 4, 1), dtype=np.float32)
-    return a.nbytes / _best_seconds(a.max, repeats, xp)
-
-
-def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
-    """Bytes/s of copying an nbytes array, counting the bytes read (= bytes moved / 2): nbytes /
-    the best time of a copy. A copy also writes (and the CPU reads each destination line before
-    writing it), so this is below `read_bandwidth`."""
-    src = xp.ones(max(nbytes // 4, 1), dtype=np.float32)
-    dst = xp.empty_like(src)
-
-    def copy():
-        dst[...] = src
-
-    return src.nbytes / _best_seconds(copy, repeats, xp)
-
-
-def decode_weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every matrix in the compute dtype (all layers and
-    the LM head; of the embedding only one row, which is negligible and not counted)."""
-    w = model.weights
-    seen, total = set(), 0
-    arrays = [w["lm_head"], w["norm_w"]] + [a for layer in w["layers"] for a in layer.values()]
-    for a in arrays:
-        if a is None or id(a) in seen:
-            continue
-        seen.add(id(a))
-        total += int(a.size) * a.dtype.itemsize
-    return total
-
-
-def memory_floor(model, bandwidth: float) -> dict[str, float]:
-    """The memory-bound floor of a decode step: weight bytes / bandwidth (seconds, and the
-    tokens/s it allows)."""
-    nbytes = decode_weight_bytes(model)
-    floor_s = nbytes / bandwidth
-    return {"weight_bytes": nbytes, "floor_step_s": floor_s, "floor_tokens_per_s": 1.0 / floor_s}
-
-
-# ---------------------------------------------------------------------------------------------
-# the machine
-
-
-def machine_info() -> dict:
-    """CPU model, cores, load average and library versions, for the report header."""
-    import os
-    import platform
-
-    from . import __version__
-
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    blas = "unknown"
-    with contextlib.suppress(Exception):
-        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        blas = f"{info.get('name')} {info.get('version')}"
-    info = {"cpu": cpu, "cores": os.cpu_count(),
-            "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
-            else None,
-            "python": platform.python_version(), "numpy": np.__version__, "blas": blas,
-            "minispec": __version__}
-    for name in ("torch", "transformers"):  # versions without importing them
-        with contextlib.suppress(Exception):
-            info[name] = importlib.metadata.version(name)
-    return info
-
-
-# ---------------------------------------------------------------------------------------------
-# the benchmark: `minispec bench`
-
-SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+from ..backend import blas_threads
+from ..errors import MinispecError
+from ..sampling import Sampling
+from .harness import (
+    benchmark_eos,
+    copy_bandwidth,
+    decode_weight_bytes,
+    encode_prompts,
+    expected_tokens_per_call,
+    load_prompts,
+    machine_info,
+    median,
+    memory_floor,
+    predicted_speedup,
+    predicted_speedup_measured_verify,
+    read_bandwidth,
+    round_costs,
+    steps_by_threads,
+    synthetic_prompts,
+    time_decode_steps,
+    time_matmuls,
+    time_methods,
+)
+
+SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -401,33 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="a tiny budget, for tests")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
-
-
-def synthetic_prompts(vocab_size: int, n: int, length: int = 32, seed: int = 0
-                      ) -> list[list[int]]:
-    """n prompts of random token ids, for models without a tokenizer (random test models)."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, length).tolist() for _ in range(n)]
-
-
-def _sum_stats(results) -> dict:
-    """Counters summed over one pass's GenerationResults, plus rejections (rounds that ended in a
-    correction after drafting), which the per-token alpha estimate needs."""
-    keys = ("new_tokens", "drafted", "accepted", "target_calls", "draft_calls", "draft_seconds",
-            "verify_seconds", "total_seconds")
-    total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
-    total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
-                              if rd.drafted and rd.accepted < len(rd.drafted))
-    total["rounds_with_drafts"] = sum(1 for r in results for rd in r.stats.rounds if rd.drafted)
-    return total
-
-
-def per_token_alpha(accepted: int, rejections: int) -> float:
-    """alpha of Leviathan et al. (the probability that a draft token is accepted, modelled as the
-    same for every token), estimated as accepted / tested: drafts after a round's first rejection
-    are never tested, so accepted / drafted would understate it."""
-    tested = accepted + rejections
-    return accepted / tested if tested else 0.0
 
 
 class _HFResult:
@@ -533,7 +192,7 @@ def _agreement(a: list, b: list) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark described by parsed `args`; the report as a JSON-ready dict."""
-    from .loader import load
+    from ..loader import load
 
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 2, 8, 1
@@ -554,7 +213,7 @@ def run(args: argparse.Namespace) -> dict:
         prompt_source = "synthetic (random ids: the target has no tokenizer)"
     else:
         raise MinispecError(f"--prompts: {args.prompts} does not exist")
-    eos = list(target.config.eos_token_ids) or None
+    eos = benchmark_eos(target)
     lens = [len(p) for p in prompts]
     context = int(np.mean(lens)) + args.max_new_tokens // 2  # a typical cache length in the run
 
@@ -583,19 +242,39 @@ def run(args: argparse.Namespace) -> dict:
             report["settings"]["torch_threads"] = hf["torch"].get_num_threads()
             report["costs"]["hf"] = _hf_costs(hf, context, step_repeats)
         methods = _methods(args, target, draft, gamma, eos, hf)
-        cases = [(draft, 1), *((target, k) for k in range(1, 10))]
-        samples = []  # decode steps timed before each round of passes and after the last
+        samples = []  # costs timed before each round of passes and after the last
+        g_costs = gamma if gamma != "auto" else 5  # auto starts at 5
 
         def time_steps():
             n = max(step_repeats // 4, 2)
-            samples.append([*time_decode_steps(cases, context, n), time_matmuls(target, 1, n),
-                            time_matmuls(target, 5, n), time_matmuls(draft, 1, n)])
+            samples.append((round_costs(target, draft, g_costs, context, n),
+                            time_decode_steps([(target, k) for k in range(1, 10)], context, n),
+                            [time_matmuls(target, 1, n), time_matmuls(target, 5, n),
+                             time_matmuls(draft, 1, n)]))
 
-        report["generation"] = _time_methods(methods, prompts, args.repeats, time_steps)
+        report["generation"] = time_methods(methods, prompts, args.repeats, time_steps)
         time_steps()
-        report["costs"].update(_step_costs(samples, len(samples) * max(step_repeats // 4, 2)))
+        report["costs"].update(_step_costs(samples, max(step_repeats // 4, 2), g_costs))
+    for row in report["generation"].values():
+        del row["results"]  # GenerationResults: not JSON
     _derive(report, gamma)
     return report
+
+
+def _step_costs(samples: list[tuple], calls: int, gamma: int) -> dict:
+    """The medians of the cost samples taken between the passes: round_costs (c, the verify
+    call), the verify-cost curve t(k)/t(1) for k = 1..9, and the weight matmuls alone."""
+    rounds, curves, matmuls = zip(*samples)
+    steps = [median(col) for col in zip(*curves)]  # k = 1..9
+    target_step = median([r["target_step_s"] for r in rounds])
+    draft_step = median([r["draft_step_s"] for r in rounds])
+    mm = [median(col) for col in zip(*matmuls)]
+    return {"step_calls": calls * len(samples), "cost_gamma": gamma,
+            "target_step_s": target_step, "draft_step_s": draft_step,
+            "c": median([r["c"] for r in rounds]),
+            "verify_ratio": median([r["verify_ratio"] for r in rounds]),
+            "target_matmul_s": mm[0], "target_matmul_s_k5": mm[1], "draft_matmul_s": mm[2],
+            "verify_cost": {str(k): t / steps[0] for k, t in enumerate(steps, start=1)}}
 
 
 def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, quick) -> dict:
@@ -616,29 +295,18 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     return costs
 
 
-def _step_costs(samples: list[list[float]], calls: int) -> dict:
-    """c and the verify-cost curve from rounds of time_decode_steps over [(draft, 1), (target,
-    1..9)] and time_matmuls of (target, 1), (target, 5), (draft, 1): each case's median."""
-    draft_step, *steps = (median(col) for col in zip(*samples))
-    steps, matmuls = steps[:9], steps[9:]
-    return {"step_calls": calls, "draft_step_s": draft_step, "target_step_s": steps[0],
-            "target_matmul_s": matmuls[0], "target_matmul_s_k5": matmuls[1],
-            "draft_matmul_s": matmuls[2],
-            "c": draft_step / steps[0],
-            "verify_cost": {str(k): t / steps[0] for k, t in enumerate(steps, start=1)}}
-
-
 def _methods(args, target, draft, gamma, eos, hf):
     """{name: generate(ids) -> result} for every method the run compares."""
-    from .speculative import autoregressive_generate, speculative_generate
+    from ..drafters import ModelDrafter, NoDrafter
+    from ..speculative import Request, generate
 
-    common = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-              "eos_token_id": eos}
+    sampling, request = Sampling(args.temperature), Request(args.max_new_tokens, eos, seed=0)
+    plain, drafter = NoDrafter(target), ModelDrafter(target, draft)
     methods = {
         "minispec autoregressive":
-            lambda ids: autoregressive_generate(target, ids, seed=0, **common),
+            lambda ids: generate(target, plain, ids, sampling, request, gamma=0),
         "minispec speculative":
-            lambda ids: speculative_generate(target, draft, ids, gamma=gamma, seed=0, **common),
+            lambda ids: generate(target, drafter, ids, sampling, request, gamma=gamma),
     }
     if hf is None:
         return methods
@@ -653,40 +321,12 @@ def _methods(args, target, draft, gamma, eos, hf):
     return methods
 
 
-def _time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
-    """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
-    methods interleaved pass by pass so that a noisy neighbour slows them all alike; between()
-    (if given) runs before each round of passes."""
-    for generate in methods.values():
-        generate(list(prompts[0]))
-    passes: dict[str, list[float]] = {name: [] for name in methods}
-    last: dict[str, list] = {}
-    for _ in range(repeats):
-        if between is not None:
-            between()
-        for name, generate in methods.items():
-            t0 = time.perf_counter()
-            last[name] = [generate(list(p)) for p in prompts]
-            passes[name].append(time.perf_counter() - t0)
-    out = {}
-    for name, results in last.items():
-        seconds = median(passes[name])
-        new_tokens = sum(len(r.tokens) for r in results)
-        row = {"seconds": seconds, "pass_seconds": passes[name], "new_tokens": new_tokens,
-               "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
-               "outputs": [list(r.tokens) for r in results]}
-        if hasattr(results[0], "stats"):
-            row["stats"] = _sum_stats(results)
-        out[name] = row
-    return out
-
-
 def _derive(report: dict, gamma) -> None:
     """Add the theory, the comparisons, the agreement checks and the aims to `report`."""
     gen, costs = report["generation"], report["costs"]
     ar, sp = gen["minispec autoregressive"], gen["minispec speculative"]
-    st, ar_st = sp["stats"], ar["stats"]
-    alpha = per_token_alpha(st["accepted"], st["rejections"])
+    st = sp["stats"]
+    alpha = st["alpha"]
     g = gamma if gamma != "auto" else st["drafted"] / max(st["rounds_with_drafts"], 1)
     c = costs["c"]
     speedup = sp["tokens_per_second"] / ar["tokens_per_second"]
@@ -694,14 +334,7 @@ def _derive(report: dict, gamma) -> None:
     verify_ratio = costs["verify_cost"].get(str(round(g) + 1))
     refined = (None if verify_ratio is None
                else predicted_speedup_measured_verify(alpha, g, c, verify_ratio))
-    # the same quantities as they come out in the loop: a draft call (with its warp and sample)
-    # and a verify call (with warping p and verify()) in units of one autoregressive step
-    draft_call_s = st["draft_seconds"] / st["draft_calls"] if st["draft_calls"] else 0.0
-    ar_call_s = ar_st["total_seconds"] / ar_st["target_calls"]
-    c_loop = draft_call_s / ar_call_s
-    r_loop = st["verify_seconds"] / st["target_calls"] / ar_call_s
     tokens_per_call = st["new_tokens"] / st["target_calls"]
-    loop_explained = tokens_per_call / (st["draft_calls"] / st["target_calls"] * c_loop + r_loop)
     report["theory"] = {
         "alpha": alpha,
         "acceptance_rate": st["accepted"] / st["drafted"] if st["drafted"] else 0.0,
@@ -712,9 +345,6 @@ def _derive(report: dict, gamma) -> None:
         "speedup_over_predicted": speedup / predicted,
         "verify_ratio": verify_ratio, "predicted_speedup_measured_verify": refined,
         "speedup_over_predicted_measured_verify": None if refined is None else speedup / refined,
-        "c_in_loop": c_loop, "verify_ratio_in_loop": r_loop,
-        "draft_calls_per_round": st["draft_calls"] / st["target_calls"],
-        "speedup_from_loop_costs": loop_explained,
     }
     vs_hf = {}
     for mine, theirs in (("minispec autoregressive", "hf generate"),
@@ -787,15 +417,15 @@ def format_report(report: dict) -> str:
         (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
          f"interleaved), medians"),
         "",
-        (f"costs (warm cache of {costs['context']} positions; decode steps: medians of "
-         f"{costs['step_calls']} calls taken between the timed passes)"),
+        (f"costs (warm cache of {costs['context']} positions; rounds of gamma = "
+         f"{costs['cost_gamma']} timed as the loop runs them, medians of {costs['step_calls']} "
+         f"rounds taken between the timed passes)"),
         (f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms   (its weight matmuls "
          f"alone {costs['target_matmul_s'] * ms:.3f} ms; with 5 tokens "
          f"{costs['target_matmul_s_k5'] * ms:.3f} ms)"),
         (f"  draft decode step   {costs['draft_step_s'] * ms:7.3f} ms   (its weight matmuls "
          f"alone {costs['draft_matmul_s'] * ms:.3f} ms)"),
-        (f"  cost ratio c        {costs['c']:7.3f}   (draft step / target step; in the loop, "
-         f"with warping and sampling: {th['c_in_loop']:.3f})"),
+        (f"  cost ratio c        {costs['c']:7.3f}   (draft step / target step)"),
         "  verify cost t(k)/t(1), k tokens in one target call:",
         "    k     " + " ".join(f"{k:>5}" for k in costs["verify_cost"]),
         "    ratio " + " ".join(f"{r:5.2f}" for r in costs["verify_cost"].values()),
@@ -834,7 +464,7 @@ def format_report(report: dict) -> str:
         st = row.get("stats")
         alpha = tok_call = "-"
         if st and st["drafted"]:
-            alpha = f"{per_token_alpha(st['accepted'], st['rejections']):.3f}"
+            alpha = f"{st['alpha']:.3f}"
         if st:
             tok_call = f"{st['new_tokens'] / st['target_calls']:.2f}"
         lines.append(f"  {name:<28} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
@@ -859,12 +489,6 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
-    lines.append(
-        f"  in the loop a draft call costs {th['c_in_loop']:.3f} and a verify call "
-        f"{th['verify_ratio_in_loop']:.2f} autoregressive steps: "
-        f"{th['tokens_per_target_call']:.2f} / ({th['draft_calls_per_round']:.2f} x "
-        f"{th['c_in_loop']:.3f} + "
-        f"{th['verify_ratio_in_loop']:.2f}) = {th['speedup_from_loop_costs']:.2f}x")
     if report["greedy_agreement"]:
         lines += ["", "greedy outputs"]
         for key, a in report["greedy_agreement"].items():

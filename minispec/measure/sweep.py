@@ -10,25 +10,18 @@ and recommends the gamma that was fastest.
     minispec sweep --drafter ngram --max-new-tokens 32 --plot sweep.png
     minispec sweep --target DIR --draft DIR --prompts prompts.json --json
 
-What is measured, and how:
-  alpha     accepted / (accepted + rejections): Leviathan et al.'s per-token acceptance
-            probability. Drafts after a round's first rejection are never tested, so the
-            acceptance rate accepted / drafted (column "accept") understates it for gamma > 1.
-  c         draft step / target step, each a one-token forward on a warm cache (median of
-            repeats, bench.time_decode_step, taken beside each gamma's runs); for the early-exit
-            drafter the step is the target's first k layers and its head. The n-gram drafter has
-            no forward call: its c is the lookup's measured seconds per round / gamma / target
-            step, so gamma c + 1 is still a round's cost in target steps.
-  speedup   tokens/s of speculative over autoregressive decoding, same prompts, same settings,
-            each gamma timed right after an autoregressive run of its own (the load of a shared
-            machine drifts over a sweep).
-The theorem assumes a verify call of gamma+1 tokens costs one decode step, and that every round
-drafts gamma tokens (the n-gram drafter drafts none when nothing matches: there the prediction is
-an upper bound). Column "pred+v" puts the measured cost of the verify call, t(gamma+1 tokens) /
-t(1 token) (column "verify"), in place of that one step (bench.predicted_speedup_measured_verify).
-The early-exit drafter's verify call skips the first k layers of the positions it drafted, so it
-may beat both predictions. BLAS threads are pinned (--threads, default 1) for the whole run:
-multi-threaded BLAS makes decode-sized matmuls slow on a small, shared CPU.
+Every quantity (alpha, c, the verify cost, the speedup, the EOS policy) is measured by the one
+harness, minispec/measure/harness.py, exactly as `minispec bench` measures it; each gamma's costs
+and speeds are taken together (the load of a shared machine drifts over a sweep). The n-gram
+drafter has no forward call: its c is the lookup's measured seconds per round / gamma / target
+step, so gamma c + 1 is still a round's cost in target steps. The theorem assumes a verify call
+of gamma+1 tokens costs one decode step, and that every round drafts gamma tokens (the n-gram
+drafter drafts none when nothing matches: there the prediction is an upper bound). Column
+"pred+v" puts the measured cost of the verify call, t(gamma+1 tokens) / t(1 token) (column
+"verify"), in place of that one step. The early-exit drafter's verify call skips the first k
+layers of the positions it drafted, so it may beat both predictions. BLAS threads are pinned
+(--threads, default 1) for the whole run: multi-threaded BLAS makes decode-sized matmuls slow on
+a small, shared CPU.
 """
 
 from __future__ import annotations
@@ -41,51 +34,28 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import bench
-from .drafters import DRAFTERS, default_exit_layer, make_drafter
-from .errors import MinispecError
-from .speculative import autoregressive_generate, speculative_generate
+from ..backend import blas_threads
+from ..drafters import DRAFTERS, NoDrafter, default_exit_layer, make_drafter
+from ..errors import MinispecError
+from ..sampling import Sampling
+from ..speculative import Request, generate
+from . import harness
+from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
 
-SHIPPED = Path(__file__).resolve().parent.parent / "weights"
+SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 GAMMAS = tuple(range(1, 9))
-
-
-class EarlyExitStep:
-    """The early-exit drafter's step as a model for bench.time_decode_step: the target's first
-    k layers, then its final norm and head, on the target's own cache."""
-
-    def __init__(self, target, k: int) -> None:
-        self.target, self.k = target, k
-        self.vocab_size, self.device, self.xp = target.vocab_size, target.device, target.xp
-
-    def new_cache(self, max_len: int | None = None):
-        return self.target.new_cache(max_len)
-
-    def forward(self, tokens, cache):
-        t, pos = self.target, cache.length
-        h = t.run_layers(t.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
-        cache.length = pos + h.shape[0]
-        return t.head(h[-1:])  # [1, V]: the row a draft is sampled from
-
-
-def per_token_alpha(results) -> float:
-    """accepted / (accepted + rejections) over every round of `results` (GenerationResults);
-    1.0 when nothing was rejected, 0.0 when nothing was drafted."""
-    rounds = [r for res in results for r in res.stats.rounds if r.drafted]
-    accepted = sum(r.accepted for r in rounds)
-    rejections = sum(r.accepted < len(r.drafted) for r in rounds)
-    return accepted / (accepted + rejections) if rounds else 0.0
 
 
 def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=None,
           exit_layer: int | None = None, gammas: Sequence[int] = GAMMAS,
-          temperature: float = 0.0, max_new_tokens: int = 64, repeats: int = 1, seed: int = 0,
-          eos_token_id=None) -> dict:
-    """Measure autoregressive decoding once and speculative decoding at each gamma.
+          temperature: float = 0.0, max_new_tokens: int = 64, repeats: int = 1, seed: int = 0
+          ) -> dict:
+    """Measure autoregressive and speculative decoding side by side at each gamma.
 
     drafter: "model" (needs draft_model) | "ngram" | "early-exit"; prompts: token id lists.
-    repeats: timed passes over the prompts (the median counts). Returns a JSON-ready dict:
-    settings, "autoregressive" (seconds, tokens/s), the step costs and c, one row per gamma
+    repeats: timed passes over the prompts (the median counts); generation stops at the
+    target's EOS ids (harness.benchmark_eos). Returns a JSON-ready dict: settings,
+    "autoregressive" (tokens/s), the step costs and c, one row per gamma
     (alpha, acceptance_rate, tokens_per_target_call, c, speedup, predicted_speedup, and
     predicted_speedup_measured_verify, the theorem with the verify call's measured cost), and
     "recommended_gamma", the fastest measured.
@@ -95,41 +65,40 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
     if exit_layer is None and drafter == "early-exit":
         exit_layer = default_exit_layer(target)
     make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)  # check early
-    kw = {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-          "eos_token_id": eos_token_id}
-
-    autoregressive_generate(target, prompts[0], **{**kw, "max_new_tokens": 4})  # warm up
+    sampling = Sampling(temperature)
+    request = Request(max_new_tokens, harness.benchmark_eos(target), seed)
+    plain = NoDrafter(target)
     context = min(64, target.config.max_position_embeddings // 2)
-    draft = {"model": draft_model, "ngram": None,
-             "early-exit": EarlyExitStep(target, exit_layer)}[drafter]
+    step = harness.draft_step_model(drafter, target, draft_model, exit_layer)
 
-    rows, ar_runs, steps = [], [], []
+    rows, ar_speeds, ar_tokens, steps = [], [], [], []
     for gamma in gammas:
         # everything a row compares is measured together, gamma by gamma: on a shared machine
         # the load drifts over a sweep, and a ratio should compare times taken under one load
-        ar = bench.time_generation(lambda p: autoregressive_generate(target, p, **kw), prompts,
-                                   repeats=repeats, warmup=0)
-        ar_runs.append(ar)
-        target_step = bench.time_decode_step(target, 1, context)
-        verify_ratio = bench.time_decode_step(target, gamma + 1, context) / target_step
-        draft_step = None if draft is None else bench.time_decode_step(draft, 1, context)
-        steps.append((target_step, draft_step))
         d = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
-        sp = bench.time_generation(
-            lambda p, d=d, g=gamma: speculative_generate(target, d, p, gamma=g, **kw),
-            prompts, repeats=repeats, warmup=0)
+        methods = {
+            "autoregressive": lambda p: generate(target, plain, p, sampling, request, gamma=0),
+            "speculative": lambda p, d=d, g=gamma: generate(target, d, p, sampling, request,
+                                                            gamma=g),
+        }
+        timed = harness.time_methods(methods, prompts, repeats)
+        costs = harness.round_costs(target, step, gamma, context)
+        ar, sp = timed["autoregressive"], timed["speculative"]
+        ar_speeds.append(ar["tokens_per_second"])
+        ar_tokens.append(ar["new_tokens"])
+        steps.append(costs)
         results = sp["results"]
-        drafted = sum(r.stats.drafted for r in results)
         calls = sum(r.stats.target_calls for r in results)
-        if draft_step is not None:
-            c = draft_step / target_step
+        if step is not None:
+            c = costs["c"]
         else:  # n-gram: measured lookup seconds per round, spread over the gamma it may draft
-            c = sum(r.stats.draft_seconds for r in results) / calls / gamma / target_step
-        alpha = per_token_alpha(results)
+            c = sum(r.stats.draft_seconds for r in results) / calls / gamma
+            c /= costs["target_step_s"]
+        alpha = sp["stats"]["alpha"]
+        drafted = sp["stats"]["drafted"]
         rows.append({
             "gamma": gamma,
-            "acceptance_rate": sum(r.stats.accepted for r in results) / drafted if drafted
-            else 0.0,
+            "acceptance_rate": sp["stats"]["accepted"] / drafted if drafted else 0.0,
             "alpha": alpha,
             "tokens_per_target_call": sp["new_tokens"] / calls,
             "c": c,
@@ -137,26 +106,25 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
             "tokens_per_second": sp["tokens_per_second"],
             "autoregressive_tokens_per_second": ar["tokens_per_second"],
             "speedup": sp["tokens_per_second"] / ar["tokens_per_second"],
-            "predicted_speedup": bench.predicted_speedup(alpha, gamma, c),
-            "target_step_s": target_step,
-            "draft_step_s": draft_step,
-            "verify_ratio": verify_ratio,
-            "predicted_speedup_measured_verify": bench.predicted_speedup_measured_verify(
-                alpha, gamma, c, verify_ratio),
+            "predicted_speedup": harness.predicted_speedup(alpha, gamma, c),
+            "target_step_s": costs["target_step_s"],
+            "draft_step_s": costs["draft_step_s"] if step is not None else None,
+            "verify_ratio": costs["verify_ratio"],
+            "predicted_speedup_measured_verify": harness.predicted_speedup_measured_verify(
+                alpha, gamma, c, costs["verify_ratio"]),
             "identical_to_autoregressive": sum(
-                a.tokens == b.tokens for a, b in zip(results, ar["results"])),
+                a == b for a, b in zip(sp["outputs"], ar["outputs"])),
         })
     best = max(rows, key=lambda r: r["speedup"])
     return {
         "settings": {"drafter": drafter, "exit_layer": exit_layer if drafter == "early-exit"
                      else None, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
                      "temperature": temperature, "repeats": repeats, "seed": seed},
-        "autoregressive": {"seconds": bench.median([a["seconds"] for a in ar_runs]),
-                           "new_tokens": ar_runs[0]["new_tokens"],
-                           "tokens_per_second": bench.median(
-                               [a["tokens_per_second"] for a in ar_runs])},
-        "target_step_s": bench.median([t for t, _ in steps]),
-        "draft_step_s": None if draft is None else bench.median([d for _, d in steps]),
+        "autoregressive": {"new_tokens": ar_tokens[0],
+                           "tokens_per_second": harness.median(ar_speeds)},
+        "target_step_s": harness.median([c["target_step_s"] for c in steps]),
+        "draft_step_s": None if step is None else harness.median(
+            [c["draft_step_s"] for c in steps]),
         "step_context": context,
         "rows": rows,
         "recommended_gamma": best["gamma"],
@@ -171,9 +139,9 @@ def format_table(report: dict) -> str:
         steps += f", draft step {report['draft_step_s'] * ms:.2f} ms"
     header = (f"{'gamma':>5} {'accept':>7} {'alpha':>6} {'tok/call':>9} {'c':>7} "
               f"{'verify':>7} {'speedup':>8} {'predicted':>10} {'pred+v':>7}")
-    first = (f"autoregressive: {ar['new_tokens']} tokens in {ar['seconds']:.2f} s, "
-             f"{ar['tokens_per_second']:.1f} tok/s (median of the runs beside each gamma); "
-             f"{steps} (one token, warm cache of {report['step_context']} positions)")
+    first = (f"autoregressive: {ar['new_tokens']} tokens, {ar['tokens_per_second']:.1f} tok/s "
+             f"(median of the runs beside each gamma); {steps} (one token, warm cache of "
+             f"{report['step_context']} positions, timed in rounds as the loop runs them)")
     lines = [first, "", header]
     for r in report["rows"]:
         lines.append(f"{r['gamma']:>5} {r['acceptance_rate']:>7.3f} {r['alpha']:>6.3f} "
@@ -296,21 +264,20 @@ def blas_control() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep from the command line; 0 on success (errors: MinispecError, to the CLI)."""
     args = build_parser().parse_args(argv)
-    from .loader import load
+    from ..loader import load
 
     gammas = parse_gammas(args.gammas)
     target_dir, draft_dir, prompt_file = _paths(args)
     start = time.perf_counter()
-    with bench.blas_threads(args.threads) as threads:
+    with blas_threads(args.threads) as threads:
         target = load(target_dir, device=args.device)
         draft = load(draft_dir, device=args.device) if draft_dir is not None else None
-        texts = bench.load_prompts(prompt_file, args.num_prompts or None)
-        prompts = bench.encode_prompts(texts, target.tokenizer)
+        texts = harness.load_prompts(prompt_file, args.num_prompts or None)
+        prompts = harness.encode_prompts(texts, target.tokenizer)
         report = sweep(target, args.drafter, prompts, draft_model=draft,
                        exit_layer=args.exit_layer, gammas=gammas,
                        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                       repeats=args.repeats, seed=args.seed,
-                       eos_token_id=target.config.eos_token_id)
+                       repeats=args.repeats, seed=args.seed)
     report["settings"].update(target=str(target_dir), draft=None if draft_dir is None
                               else str(draft_dir), prompt_file=str(prompt_file),
                               device=target.device,

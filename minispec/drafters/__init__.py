@@ -1,0 +1,48 @@
+"""Drafters: whatever proposes the gamma tokens the target then verifies.
+
+The contract every drafter follows is in `base.py`. Three drafters ship, chosen by name with
+`make_drafter`:
+    "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q)
+    "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
+                  the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
+    "early-exit"  EarlyExitDrafter: the target's own first k layers and its head, sharing the
+                  target's KV cache (self-speculative decoding; Elhoushi et al. 2024, LayerSkip)
+"""
+
+from __future__ import annotations
+
+from ..errors import MinispecError
+from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
+from .early_exit import EarlyExitDrafter, default_exit_layer
+from .model import ModelDrafter
+from .ngram import NgramDrafter, find_ngram
+
+DRAFTERS = ("model", "ngram", "early-exit")
+
+__all__ = [
+    "DRAFTERS", "Draft", "Drafter", "EarlyExitDrafter", "ModelDrafter", "NgramDrafter",
+    "NoDrafter", "check_vocabularies", "default_exit_layer", "find_ngram", "make_drafter",
+    "sampled_vocab_size",
+]
+
+
+def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None
+                 ) -> Drafter:
+    """The drafter called `name` ("model" | "ngram" | "early-exit") for `target`.
+
+    "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
+    first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
+    "ngram" looks up the context, max_n 3. exit_layer is ignored by the other two.
+    """
+    if name == "model":
+        if draft_model is None:
+            raise MinispecError(
+                "drafter 'model' needs a draft model (--draft DIR), or choose "
+                "the ngram or early-exit drafter, which need none")
+        return ModelDrafter(target, draft_model)
+    if name == "ngram":
+        return NgramDrafter(target)
+    if name == "early-exit":
+        k = default_exit_layer(target) if exit_layer is None else exit_layer
+        return EarlyExitDrafter(target, k)
+    raise MinispecError(f"drafter: expected one of {' | '.join(DRAFTERS)}, got {name!r}")

@@ -1,0 +1,63 @@
+"""Prompt lookup: draft by copying from the context (Saxena 2023, "Prompt Lookup Decoding";
+Leviathan et al. 2023 mention n-gram drafters in section 2.3). No model, no cache."""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import numpy as np
+
+from ..errors import MinispecError
+from .base import Draft, Drafter
+
+
+class NgramDrafter(Drafter):
+    """Find the most recent earlier occurrence of the context's last n tokens, trying n = max_n
+    down to 1 (the longest suffix that recurs wins), and propose the up to gamma tokens that
+    followed it. The copy may run on into the tokens it is producing, like an LZ77 copy, so a
+    repeat shorter than gamma (`a b a b`, `x x x`) still fills gamma drafts. No earlier
+    occurrence: no drafts, and the round is one plain target step.
+
+    The drafts are a function of the context, so each q row is one-hot. verify() then accepts a
+    draft x with probability p(x) (r * 1 < p(x)), and on rejection samples norm(max(0, p -
+    onehot(x))): p with x removed, renormalized. Exact, like every drafter.
+    """
+
+    name = "ngram"
+
+    def __init__(self, target, max_n: int = 3) -> None:
+        super().__init__(target)
+        if isinstance(max_n, bool) or not isinstance(max_n, Integral) or max_n < 1:
+            raise MinispecError(f"NgramDrafter: max_n must be an integer >= 1, got {max_n!r}")
+        self.max_n = int(max_n)
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        """Copy up to gamma tokens from after the latest earlier match of the context's suffix
+        (0 tokens without a match); q one-hot. warp and rng are not needed."""
+        ctx = np.asarray(context, dtype=np.int64)
+        start = find_ngram(ctx, self.max_n) if gamma > 0 else -1
+        drafts: list[int] = []
+        for j in range(start, start + gamma) if start >= 0 else ():
+            x = int(ctx[j]) if j < len(ctx) else drafts[j - len(ctx)]  # copy past the end
+            if x >= self.vocab_size:  # a prompt id outside the sampled vocabulary: stop there
+                break
+            drafts.append(x)
+        q = np.zeros((len(drafts), self.vocab_size))  # [g, V]
+        q[np.arange(len(drafts)), drafts] = 1.0
+        return Draft(np.array(drafts, dtype=np.int64), q)
+
+
+def find_ngram(context: np.ndarray, max_n: int) -> int:
+    """Where to copy from: the index just past the most recent earlier occurrence of the last n
+    tokens of `context` (int array [S]), for the largest n <= max_n that has one; -1 if none.
+
+    "Earlier" means ending before the last token (the suffix itself does not count); occurrences
+    may overlap it (in `x x x` the suffix `x x` also occurs at 0, so the answer is 2).
+    """
+    s = len(context)
+    for n in range(min(max_n, s - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [S-n, n]
+        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))  # starts of the matches
+        if hits.size:
+            return int(hits[-1]) + n
+    return -1

@@ -1,0 +1,470 @@
+"""One timing harness: every speed figure minispec prints is measured here, the same way.
+
+`minispec bench`, `minispec sweep` and the READMEs' tables all take their numbers from these
+functions, so one quantity has one definition:
+
+  alpha     Leviathan et al.'s per-token acceptance probability, estimated as accepted /
+            (accepted + rejections): drafts after a round's first rejection are never tested,
+            so accepted / drafted ("acceptance rate") understates it for gamma > 1.
+  c         the cost of one draft step over one target step (Theorem 3.8), both timed as the
+            loop runs them (`round_costs`): gamma one-token draft steps in a row, then the
+            target's verify call of gamma + 1 tokens, then a one-token target step.
+  verify    t(gamma + 1 tokens in one target call) / t(1 token), from the same rounds.
+  speedup   tokens/s of speculative over autoregressive decoding on the same prompts with the
+            same settings, methods timed pass by pass in turn (`time_methods`).
+  EOS       generation stops at the target's EOS ids from its config, as a user's would
+            (`benchmark_eos`); every method sees the same stopping rule.
+
+Leviathan et al. 2023 (section 3.4, Theorem 3.8) predict the walltime improvement from alpha and
+c: a round emits (1 - alpha^(gamma+1)) / (1 - alpha) tokens on average (Equation 1) and costs
+gamma*c + 1 target calls, if checking gamma + 1 tokens costs what generating one does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import get_blas_threads, set_blas_threads
+from ..errors import MinispecError
+
+# ---------------------------------------------------------------------------------------------
+# the theory (Leviathan et al. 2023, section 3)
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """Expected tokens one round emits: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1).
+
+    alpha: expected acceptance rate of a draft token; gamma: drafts per round. alpha = 1 gives
+    the limit gamma + 1 (every draft accepted, plus the bonus token).
+    """
+    _check_alpha_gamma(alpha, gamma)
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Theorem 3.8, the expected walltime improvement:
+    (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+
+    c: time of one draft call / time of one target call. Assumes the target checks gamma + 1
+    tokens in the time it takes to generate one (see `verify_cost_curve` for how true that is).
+    """
+    if not c >= 0:
+        raise MinispecError(f"c: expected a cost ratio >= 0, got {c!r}")
+    return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
+
+
+def predicted_speedup_measured_verify(alpha: float, gamma: int, c: float, verify_ratio: float
+                                      ) -> float:
+    """Theorem 3.8 with the verify call's measured cost: E[tokens] / (gamma c + t(gamma+1)/t(1)).
+
+    verify_ratio: t(gamma + 1 tokens in one target call) / t(1 token), from `verify_cost_curve`.
+    """
+    return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
+
+
+def _check_alpha_gamma(alpha: float, gamma: float) -> None:
+    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
+    if not 0.0 <= alpha <= 1.0:
+        raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
+        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
+
+
+def per_token_alpha(results) -> float:
+    """alpha = accepted / (accepted + rejections) over every round of `results`
+    (GenerationResults); 1.0 when drafts were made and none rejected, 0.0 when nothing was
+    drafted. A rejection is a round that drafted and accepted fewer than it drafted."""
+    rounds = [r for res in results for r in res.stats.rounds if r.drafted]
+    accepted = sum(r.accepted for r in rounds)
+    rejections = sum(r.accepted < len(r.drafted) for r in rounds)
+    return accepted / (accepted + rejections) if rounds else 0.0
+
+
+def benchmark_eos(target) -> list[int] | None:
+    """The EOS policy of every benchmark: stop at the target's EOS ids, as a user would."""
+    return list(target.config.eos_token_ids) or None
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """Prompt texts from a file: JSON {"prompts": [{"text": ...} | "text", ...]} (the format of
+    weights/prompts.json) or a JSON list of the same; any other file is one prompt per line.
+
+    limit: keep the first `limit` prompts (None: all).
+    """
+    path = Path(path)
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MinispecError(f"{path}: cannot read the prompt file ({e.strerror})") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise MinispecError(f"{path}: not valid JSON ({e})") from None
+        items = data.get("prompts") if isinstance(data, dict) else data
+        if not isinstance(items, list):
+            raise MinispecError(f"{path}: expected a list of prompts or {{\"prompts\": [...]}}")
+        texts = []
+        for i, item in enumerate(items):
+            text = item.get("text") if isinstance(item, dict) else item
+            if not isinstance(text, str) or not text:
+                raise MinispecError(f"{path}: prompt {i} has no non-empty \"text\" string")
+            texts.append(text)
+    else:
+        texts = [line for line in raw.splitlines() if line.strip()]
+    if not texts:
+        raise MinispecError(f"{path}: no prompts in the file")
+    return texts[:limit] if limit else texts
+
+
+def encode_prompts(texts: Sequence[str], tokenizer) -> list[list[int]]:
+    """Token ids of each prompt, with BOS as the tokenizer adds it (the target's tokenizer)."""
+    if tokenizer is None:
+        raise MinispecError("prompts: the target has no tokenizer.json, so text prompts cannot "
+                            "be encoded")
+    return [list(tokenizer.encode(t)) for t in texts]
+
+
+def synthetic_prompts(vocab_size: int, n: int, length: int = 32, seed: int = 0
+                      ) -> list[list[int]]:
+    """n prompts of random token ids, for models without a tokenizer (random test models)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, length).tolist() for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# timing primitives
+
+
+def median(xs: Sequence[float]) -> float:
+    """The median (statistics.median), NaN for an empty sequence."""
+    return statistics.median(xs) if len(xs) else float("nan")
+
+
+def _sync(model) -> None:
+    """Wait for queued GPU work, so a timer sees it (no-op on the CPU)."""
+    if getattr(model, "device", "cpu") == "gpu":
+        model.xp.cuda.Device().synchronize()
+
+
+def time_decode_steps(cases: Sequence[tuple], context: int = 64, repeats: int = 20,
+                      warmup: int = 3) -> list[float]:
+    """Median seconds of one `forward` of k tokens on a warm cache of `context` positions, for
+    each (model, k) in `cases`, timed round-robin (one call of each case in turn) so that a
+    change in the machine's load during the measurement affects every case alike.
+
+    The same k tokens are fed and rolled back each time, so every call sees the same cache length:
+    k = 1 is a decode step, k = gamma + 1 is a verify call.
+    """
+    runs = []
+    for model, k in cases:
+        if k < 1 or context < 1:
+            raise MinispecError(f"time_decode_step: need k >= 1 and context >= 1, got {k}, "
+                                f"{context}")
+        ids = (np.arange(context + k) % min(model.vocab_size, 256)).tolist()
+        cache = model.new_cache(context + k)
+        model.forward(ids[:context], cache)  # the prefill: a warm cache of `context` positions
+        runs.append((model, ids[context:], cache))
+    times: list[list[float]] = [[] for _ in runs]
+    for i in range(warmup + repeats):
+        for j, (model, new, cache) in enumerate(runs):
+            t0 = time.perf_counter()
+            model.forward(new, cache)
+            _sync(model)
+            if i >= warmup:
+                times[j].append(time.perf_counter() - t0)
+            cache.rollback(context)
+    return [median(t) for t in times]
+
+
+def time_decode_step(model, k: int = 1, context: int = 64, repeats: int = 20,
+                     warmup: int = 3) -> float:
+    """Median seconds of one `forward` of k tokens on a warm cache holding `context` positions
+    (see time_decode_steps)."""
+    return time_decode_steps([(model, k)], context, repeats, warmup)[0]
+
+
+def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: int = 20
+                     ) -> dict[str, float]:
+    """{threads: median seconds of a decode step with NumPy's BLAS on that many threads}, the
+    counts taken in turn call by call; {} when the BLAS cannot be controlled."""
+    if get_blas_threads() is None:
+        return {}
+    before = get_blas_threads()
+    ids = (np.arange(context + 1) % min(model.vocab_size, 256)).tolist()
+    cache = model.new_cache(context + 1)
+    model.forward(ids[:context], cache)
+    times: dict[str, list[float]] = {str(n): [] for n in counts}
+    try:
+        for i in range(3 + repeats):
+            for n in counts:
+                set_blas_threads(n)
+                t0 = time.perf_counter()
+                model.forward(ids[context:], cache)
+                if i >= 3:
+                    times[str(n)].append(time.perf_counter() - t0)
+                cache.rollback(context)
+    finally:
+        set_blas_threads(before)
+    return {n: median(t) for n, t in times.items()}
+
+
+def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
+    """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
+    and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
+    attention over the cache, Python) is the step's time minus this."""
+    from ..model import linear
+
+    xp, w = model.xp, model.weights
+    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+    mats = [layer[n] for layer in w["layers"] for n in names if layer.get(n) is not None]
+    mats.append(w["lm_head"])
+    xs = {m.shape[0]: xp.ones((k, m.shape[0]), dtype=model.dtype) for m in mats}
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        for m in mats:
+            linear(xs[m.shape[0]], m)
+        _sync(model)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return median(times)
+
+
+def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64,
+                      repeats: int = 20) -> dict[int, float]:
+    """{k: t(k tokens in one call) / t(1 token)}: how much checking k tokens costs over one."""
+    timed = sorted({1, *ks})
+    times = dict(zip(timed, time_decode_steps([(model, k) for k in timed], context, repeats)))
+    return {k: times[k] / times[1] for k in ks}
+
+
+class EarlyExitStep:
+    """The early-exit drafter's step as a model for the timing functions: the target's first
+    k layers, then its final norm and head, on a cache of the target's shape."""
+
+    def __init__(self, target, k: int) -> None:
+        self.target, self.k = target, k
+        self.vocab_size, self.device, self.xp = target.vocab_size, target.device, target.xp
+
+    def new_cache(self, max_len: int | None = None):
+        return self.target.new_cache(max_len)
+
+    def forward(self, tokens, cache):
+        t, pos = self.target, cache.length
+        h = t.run_layers(t.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
+        cache.length = pos + h.shape[0]
+        return t.head(h[-1:])  # [1, V]: the row a draft is sampled from
+
+
+def draft_step_model(drafter: str, target, draft_model=None, exit_layer: int | None = None):
+    """What one draft step runs, as a model to time: the draft model, the early exit's layers,
+    or None for a drafter without a forward call (the n-gram lookup)."""
+    from ..drafters import default_exit_layer
+
+    if drafter == "model":
+        return draft_model
+    if drafter == "early-exit":
+        return EarlyExitStep(target, exit_layer or default_exit_layer(target))
+    return None
+
+
+def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
+                warmup: int = 3) -> dict[str, float]:
+    """The costs of a round, timed in the loop's order: gamma one-token draft steps in a row
+    (the draft's cache warm, its weights cold after the target's call, as in the loop), the
+    target's verify call of gamma + 1 tokens, then a one-token target step (an autoregressive
+    step). Caches are rolled back after each call, so every round sees `context` positions.
+
+    draft: a model-like object (forward/new_cache) or None (no draft forward: c = 0).
+    Returns {"target_step_s", "draft_step_s", "verify_s", "c", "verify_ratio"}: medians over
+    `repeats` rounds (a round's draft step is the mean of its gamma steps); c = draft step /
+    target step, verify_ratio = verify call / target step.
+    """
+    if gamma < 1 or context < 1:
+        raise MinispecError(f"round_costs: need gamma >= 1 and context >= 1, got {gamma}, "
+                            f"{context}")
+    ids = (np.arange(context + gamma + 1) % min(target.vocab_size, 256)).tolist()
+    tc = target.new_cache(context + gamma + 1)
+    target.forward(ids[:context], tc)
+    dc = None
+    if draft is not None:
+        dc = draft.new_cache(context + gamma)
+        draft.forward(ids[:context], dc)
+    steps, drafts, verifies = [], [], []
+    for i in range(warmup + repeats):
+        t_draft = 0.0
+        for j in range(gamma if dc is not None else 0):
+            t0 = time.perf_counter()
+            draft.forward([ids[context + j]], dc)
+            _sync(draft)
+            t_draft += time.perf_counter() - t0
+        if dc is not None:
+            dc.rollback(context)
+        t0 = time.perf_counter()
+        target.forward(ids[context:context + gamma + 1], tc)
+        _sync(target)
+        t1 = time.perf_counter()
+        tc.rollback(context)
+        target.forward(ids[context:context + 1], tc)
+        _sync(target)
+        t2 = time.perf_counter()
+        tc.rollback(context)
+        if i >= warmup:
+            drafts.append(t_draft / gamma)
+            verifies.append(t1 - t0)
+            steps.append(t2 - t1)
+    step, draft_step, verify = median(steps), median(drafts), median(verifies)
+    return {"target_step_s": step, "draft_step_s": draft_step, "verify_s": verify,
+            "c": draft_step / step, "verify_ratio": verify / step}
+
+
+def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
+    """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
+    methods interleaved pass by pass so that a noisy neighbour slows them all alike; between()
+    (if given) runs before each round of passes.
+
+    methods: {name: generate(prompt ids) -> result with .tokens (and .stats, optional)}.
+    Returns {name: {"seconds" (median per pass), "pass_seconds", "new_tokens",
+    "tokens_per_second", "outputs", "results" (the last pass's), "stats" (summed, if any)}}.
+    """
+    for generate in methods.values():
+        generate(list(prompts[0]))
+    passes: dict[str, list[float]] = {name: [] for name in methods}
+    last: dict[str, list] = {}
+    for _ in range(repeats):
+        if between is not None:
+            between()
+        for name, generate in methods.items():
+            t0 = time.perf_counter()
+            last[name] = [generate(list(p)) for p in prompts]
+            passes[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, results in last.items():
+        seconds = median(passes[name])
+        new_tokens = sum(len(r.tokens) for r in results)
+        row = {"seconds": seconds, "pass_seconds": passes[name], "new_tokens": new_tokens,
+               "tokens_per_second": new_tokens / seconds if seconds > 0 else 0.0,
+               "outputs": [list(r.tokens) for r in results], "results": results}
+        if hasattr(results[0], "stats"):
+            row["stats"] = sum_stats(results)
+        out[name] = row
+    return out
+
+
+def sum_stats(results) -> dict:
+    """Counters summed over GenerationResults, with alpha (per_token_alpha) and the counts it
+    comes from."""
+    keys = ("new_tokens", "drafted", "accepted", "target_calls", "draft_calls", "draft_seconds",
+            "verify_seconds", "total_seconds")
+    total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
+    total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
+                              if rd.drafted and rd.accepted < len(rd.drafted))
+    total["rounds_with_drafts"] = sum(1 for r in results for rd in r.stats.rounds if rd.drafted)
+    total["alpha"] = per_token_alpha(results)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# the memory-bound floor
+
+
+def _best_seconds(fn, repeats: int, xp) -> float:
+    fn()  # fault the pages in, warm the caches
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if xp is not np:
+            xp.cuda.Device().synchronize()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def read_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
+    """Bytes/s at which the machine streams an nbytes float32 array through the CPU (or GPU):
+    nbytes / the best time of `a.max()`, a pass that only reads, like a decode step reading
+    its weights. Whether this is DRAM or cache bandwidth depends on nbytes and the cache sizes.
+    """
+    a = xp.ones(max(nbytes // 4, 1), dtype=np.float32)
+    return a.nbytes / _best_seconds(a.max, repeats, xp)
+
+
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
+    """Bytes/s of copying an nbytes array, counting the bytes read (= bytes moved / 2): nbytes /
+    the best time of a copy. A copy also writes (and the CPU reads each destination line before
+    writing it), so this is below `read_bandwidth`."""
+    src = xp.ones(max(nbytes // 4, 1), dtype=np.float32)
+    dst = xp.empty_like(src)
+
+    def copy():
+        dst[...] = src
+
+    return src.nbytes / _best_seconds(copy, repeats, xp)
+
+
+def decode_weight_bytes(model) -> int:
+    """Bytes of weights one decode step reads: every matrix in the compute dtype (all layers and
+    the LM head; of the embedding only one row, which is negligible and not counted)."""
+    w = model.weights
+    seen, total = set(), 0
+    arrays = [w["lm_head"], w["norm_w"]] + [a for layer in w["layers"] for a in layer.values()]
+    for a in arrays:
+        if a is None or id(a) in seen:
+            continue
+        seen.add(id(a))
+        total += int(a.size) * a.dtype.itemsize
+    return total
+
+
+def memory_floor(model, bandwidth: float) -> dict[str, float]:
+    """The memory-bound floor of a decode step: weight bytes / bandwidth (seconds, and the
+    tokens/s it allows)."""
+    nbytes = decode_weight_bytes(model)
+    floor_s = nbytes / bandwidth
+    return {"weight_bytes": nbytes, "floor_step_s": floor_s, "floor_tokens_per_s": 1.0 / floor_s}
+
+
+# ---------------------------------------------------------------------------------------------
+# the machine
+
+
+def machine_info() -> dict:
+    """CPU model, cores, load average and library versions, for the report header."""
+    import os
+    import platform
+
+    from .. import __version__
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    blas = "unknown"
+    with contextlib.suppress(Exception):
+        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{info.get('name')} {info.get('version')}"
+    info = {"cpu": cpu, "cores": os.cpu_count(),
+            "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg")
+            else None,
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas,
+            "minispec": __version__}
+    for name in ("torch", "transformers"):  # versions without importing them
+        with contextlib.suppress(Exception):
+            info[name] = importlib.metadata.version(name)
+    return info

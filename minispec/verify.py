@@ -1,0 +1,90 @@
+"""The speculative step: which draft tokens to keep, and the one token the target adds.
+
+Leviathan et al. 2023, Algorithm 1 and section 2.3; Chen et al. 2023, Algorithm 2. A pure function
+of arrays and a random generator, so it can be tested alone and swapped: `speculative_generate`
+takes any function with this signature as its `verify` parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MinispecError
+from .sampling import sample
+
+ROW_SUM_TOLERANCE = 1e-6  # a probability row may miss 1 by float64 round-off, not by more
+
+
+def verify(p, q, draft_tokens, rng: np.random.Generator) -> np.ndarray:
+    """Keep a prefix of the drafts, then add the target's own token.
+
+    p [g+1, V]: the target's (warped) distributions at each draft position and one past;
+    q [g, V]: the distributions the draft tokens were drawn from; draft_tokens [g] int;
+    rng: the Generator that supplies every random number. g may be 0.
+    Returns the emitted tokens, int64 [1..g+1]: the accepted prefix of the drafts, then either a
+    correction (sampled after the first rejection) or, if all g were accepted, a bonus token.
+
+    For each draft x_i ~ q_i: draw r ~ U(0, 1), accept x_i if r < min(1, p_i(x) / q_i(x)). At the
+    first rejection, sample from norm(max(0, p_i - q_i)) instead and stop; if nothing was
+    rejected, sample one more token from p_g. Why this is lossless: P(emit x) = min(p(x), q(x))
+    (accepted) + (1 - sum_y min(p(y), q(y))) * norm(max(0, p - q))(x) (rejected, resampled) =
+    p(x), for any q (Leviathan et al., Appendix A.1; Chen et al., Theorem 1). With greedy
+    (one-hot) p and q a draft is accepted iff it is the target's argmax, and the correction is
+    that argmax.
+    """
+    p, q, draft_tokens = check_verify_args(p, q, draft_tokens, rng)
+    g = len(draft_tokens)
+    emitted = []
+    for i in range(g):
+        x = int(draft_tokens[i])
+        r = rng.random()  # U[0, 1)
+        # Accept with probability min(1, p(x)/q(x)), written r*q(x) < p(x) so that nothing is
+        # divided by zero: p(x) = 0 never accepts (strict <), and a draft the drafter claimed
+        # impossible, q(x) = 0, is accepted whenever the target allows it (the limit p/q -> inf).
+        if r * q[i, x] < p[i, x]:
+            emitted.append(x)
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)  # where the target wants more than was drafted
+        mass = residual.sum()
+        # mass 0 means p == q (numerically), where a rejection can only come from q(x) = 0 = p(x):
+        # the residual is then p itself.
+        emitted.append(sample(residual / mass if mass > 0 else p[i], rng))
+        return np.array(emitted, dtype=np.int64)
+    emitted.append(sample(p[g], rng))  # all accepted: the bonus token, from the target for free
+    return np.array(emitted, dtype=np.int64)
+
+
+def check_verify_args(p, q, draft_tokens, rng):
+    """verify's arguments as float64/int64 arrays, or MinispecError naming the one that is wrong:
+    shapes [g+1, V], [g, V], [g]; finite rows of probabilities that sum to 1; token ids in
+    0..V-1; a numpy Generator."""
+    if not isinstance(rng, np.random.Generator):
+        raise MinispecError(f"verify: rng must be a numpy.random.Generator, got "
+                            f"{type(rng).__name__}")
+    try:
+        p = np.asarray(p, dtype=np.float64)
+        q = np.asarray(q, dtype=np.float64)
+        tokens = np.asarray(draft_tokens)
+    except (TypeError, ValueError) as e:
+        raise MinispecError(f"verify: p, q and draft_tokens must be arrays of numbers ({e})") \
+            from None
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise MinispecError(f"verify: draft_tokens must be a 1-D array of integer ids, got shape "
+                            f"{tokens.shape} dtype {tokens.dtype}")
+    g = tokens.size
+    if p.ndim != 2 or p.shape[0] != g + 1 or p.shape[1] < 1 or q.shape != (g, p.shape[1]):
+        raise MinispecError(f"verify: expected p [g+1, V], q [g, V] for g = {g} draft tokens "
+                            f"(V >= 1), got p {p.shape} and q {q.shape}")
+    for name, rows in (("p", p), ("q", q)):
+        if rows.size and not (np.isfinite(rows).all() and rows.min() >= 0):
+            raise MinispecError(f"verify: {name} must hold finite probabilities >= 0")
+        sums = rows.sum(axis=1)
+        if np.abs(sums - 1.0).max(initial=0.0) > ROW_SUM_TOLERANCE:
+            bad = int(np.argmax(np.abs(sums - 1.0)))
+            raise MinispecError(f"verify: each row of {name} must sum to 1, row {bad} sums to "
+                                f"{sums[bad]:.9g}")
+    if g and (tokens.min() < 0 or tokens.max() >= p.shape[1]):
+        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
+        raise MinispecError(f"verify: draft token {bad} is outside the vocabulary "
+                            f"0..{p.shape[1] - 1}")
+    return p, q, tokens.astype(np.int64)
