@@ -292,12 +292,14 @@ def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
 
 
 def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Request, *,
-             gamma=4, verify: VerifyFn = verify) -> GenerationResult:
+             gamma=4, verify: VerifyFn = verify,
+             on_round: Callable[[Round], None] | None = None) -> GenerationResult:
     """Decode `request.max_new_tokens` tokens after `prompt_ids` from `target`, in rounds.
 
     drafter: a Drafter made for `target` (a Model is wrapped in a ModelDrafter); NoDrafter(target)
     decodes autoregressively. gamma: drafts per round (an integer >= 0, "auto", or a policy
     object with .gamma and .update(drafted, accepted)). verify: the speculative step.
+    on_round: called with each Round as it is done (to show tokens as they come).
     """
     drafter = as_drafter(target, drafter)
     policy = gamma_policy(gamma, least=0)
@@ -324,6 +326,8 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
                               request.eos_token_ids)
         stats.add(r)
         policy.update(len(r.drafted), r.accepted)
+        if on_round is not None:
+            on_round(r)
         if r.stopped:
             break
     stats.draft_calls = drafter.calls

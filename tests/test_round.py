@@ -153,6 +153,14 @@ def test_generate_takes_the_settings_as_values():
     assert Request(5, eos_token_ids=7).eos_token_ids == (7,)
 
 
+def test_on_round_sees_each_round_as_it_is_done():
+    seen = []
+    r = generate(TARGET, ModelDrafter(TARGET, DRAFT), PROMPT, Sampling(), Request(15),
+                 on_round=lambda rd: seen.append((rd, len(seen))))
+    assert [rd for rd, _ in seen] == r.stats.rounds
+    assert sum(len(rd.emitted) for rd, _ in seen) == len(r.tokens)
+
+
 def test_a_gamma_policy_of_ones_own_is_followed():
     class Alternate:
         def __init__(self):
