@@ -122,7 +122,7 @@ class AutoGamma:
 def gamma_policy(gamma, *, least: int = 1):
     """gamma as the loop uses it: an integer >= least -> FixedGamma, "auto" -> AutoGamma, or
     any object with .gamma and .update(drafted, accepted) (a policy of your own)."""
-    if gamma == "auto":
+    if isinstance(gamma, str) and gamma == "auto":
         return AutoGamma()
     if hasattr(gamma, "gamma") and hasattr(gamma, "update"):
         return gamma

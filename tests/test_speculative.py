@@ -597,7 +597,7 @@ def test_bad_parameters_are_named(kwargs, name, speculative):
             autoregressive_generate(TARGET, **args)
 
 
-@pytest.mark.parametrize("gamma", [0, -2, 1.5, True, "4", "fast"])
+@pytest.mark.parametrize("gamma", [0, -2, 1.5, True, "4", "fast", np.array([4, 5]), None])
 def test_bad_gamma_is_named(gamma):
     with pytest.raises(MinispecError, match="gamma"):
         speculative_generate(TARGET, CLOSE, [1, 2], gamma=gamma, max_new_tokens=5, **GREEDY)
