@@ -38,6 +38,7 @@ from ..backend import blas_threads
 from ..errors import MinispecError
 from ..sampling import Sampling
 from .harness import (
+    COST_CONTEXT,
     benchmark_eos,
     copy_bandwidth,
     decode_weight_bytes,
@@ -50,12 +51,11 @@ from .harness import (
     predicted_speedup,
     predicted_speedup_measured_verify,
     read_bandwidth,
-    round_costs,
     steps_by_threads,
     synthetic_prompts,
     time_decode_steps,
     time_matmuls,
-    time_methods,
+    time_speed_and_costs,
 )
 
 SHIPPED = Path(__file__).resolve().parents[2] / "weights"
@@ -242,37 +242,34 @@ def run(args: argparse.Namespace) -> dict:
             report["settings"]["torch_threads"] = hf["torch"].get_num_threads()
             report["costs"]["hf"] = _hf_costs(hf, context, step_repeats)
         methods = _methods(args, target, draft, gamma, eos, hf)
-        samples = []  # costs timed before each round of passes and after the last
+        samples = []  # the verify-cost curve and the matmuls, timed beside round_costs
         g_costs = gamma if gamma != "auto" else 5  # auto starts at 5
 
         def time_steps():
             n = max(step_repeats // 4, 2)
-            samples.append((round_costs(target, draft, g_costs, context, n),
-                            time_decode_steps([(target, k) for k in range(1, 10)], context, n),
+            samples.append((time_decode_steps([(target, k) for k in range(1, 10)], context, n),
                             [time_matmuls(target, 1, n), time_matmuls(target, 5, n),
                              time_matmuls(draft, 1, n)]))
 
-        report["generation"] = time_methods(methods, prompts, args.repeats, time_steps)
-        time_steps()
-        report["costs"].update(_step_costs(samples, max(step_repeats // 4, 2), g_costs))
+        report["generation"], rounds = time_speed_and_costs(
+            methods, prompts, args.repeats, target, draft, g_costs, between=time_steps)
+        report["costs"].update(_step_costs(rounds, samples, g_costs))
     for row in report["generation"].values():
         del row["results"]  # GenerationResults: not JSON
     _derive(report, gamma)
     return report
 
 
-def _step_costs(samples: list[tuple], calls: int, gamma: int) -> dict:
-    """The medians of the cost samples taken between the passes: round_costs (c, the verify
-    call), the verify-cost curve t(k)/t(1) for k = 1..9, and the weight matmuls alone."""
-    rounds, curves, matmuls = zip(*samples)
+def _step_costs(rounds: dict, samples: list[tuple], gamma: int) -> dict:
+    """The costs: round_costs' medians (c, the verify call; the harness's definition, as in
+    `minispec sweep`), and the medians of the samples taken beside them: the verify-cost curve
+    t(k)/t(1) for k = 1..9 and the weight matmuls alone."""
+    curves, matmuls = zip(*samples)
     steps = [median(col) for col in zip(*curves)]  # k = 1..9
-    target_step = median([r["target_step_s"] for r in rounds])
-    draft_step = median([r["draft_step_s"] for r in rounds])
     mm = [median(col) for col in zip(*matmuls)]
-    return {"step_calls": calls * len(samples), "cost_gamma": gamma,
-            "target_step_s": target_step, "draft_step_s": draft_step,
-            "c": median([r["c"] for r in rounds]),
-            "verify_ratio": median([r["verify_ratio"] for r in rounds]),
+    return {"step_calls": rounds["rounds"], "cost_gamma": gamma, "cost_context": COST_CONTEXT,
+            "target_step_s": rounds["target_step_s"], "draft_step_s": rounds["draft_step_s"],
+            "c": rounds["c"], "verify_ratio": rounds["verify_ratio"],
             "target_matmul_s": mm[0], "target_matmul_s_k5": mm[1], "draft_matmul_s": mm[2],
             "verify_cost": {str(k): t / steps[0] for k, t in enumerate(steps, start=1)}}
 
@@ -417,9 +414,10 @@ def format_report(report: dict) -> str:
         (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
          f"interleaved), medians"),
         "",
-        (f"costs (warm cache of {costs['context']} positions; rounds of gamma = "
+        (f"costs (warm cache of {costs['cost_context']} positions; rounds of gamma = "
          f"{costs['cost_gamma']} timed as the loop runs them, medians of {costs['step_calls']} "
-         f"rounds taken between the timed passes)"),
+         f"rounds taken between the timed passes; the verify-cost curve at "
+         f"{costs['context']} positions)"),
         (f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms   (its weight matmuls "
          f"alone {costs['target_matmul_s'] * ms:.3f} ms; with 5 tokens "
          f"{costs['target_matmul_s_k5'] * ms:.3f} ms)"),

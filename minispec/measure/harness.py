@@ -333,6 +333,34 @@ def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
             "c": draft_step / step, "verify_ratio": verify / step}
 
 
+COST_CONTEXT = 64  # cache positions when costs are timed: a typical length in a 64-token run
+COST_ROUNDS = 8  # rounds timed by round_costs between two timed passes
+
+
+def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, gamma: int,
+                         between=None) -> tuple[dict, dict]:
+    """The measurement bench and sweep share: `time_methods` over the prompts, with
+    `round_costs` (COST_ROUNDS rounds at COST_CONTEXT positions) taken before each round of
+    passes and after the last, so costs and speeds are measured under the same load.
+
+    Returns (time_methods' result, the median of each round_costs field over the samples, plus
+    "rounds": how many rounds the medians cover). between(): anything else to time there.
+    """
+    samples = []
+    context = min(COST_CONTEXT, target.config.max_position_embeddings // 2)  # tiny test models
+
+    def sample():
+        samples.append(round_costs(target, draft, gamma, context, COST_ROUNDS))
+        if between is not None:
+            between()
+
+    timed = time_methods(methods, prompts, repeats, sample)
+    sample()
+    costs = {k: median([s[k] for s in samples]) for k in samples[0]}
+    costs["rounds"] = COST_ROUNDS * len(samples)
+    return timed, costs
+
+
 def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
     """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
     methods interleaved pass by pass so that a noisy neighbour slows them all alike; between()

@@ -68,7 +68,6 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
     sampling = Sampling(temperature)
     request = Request(max_new_tokens, harness.benchmark_eos(target), seed)
     plain = NoDrafter(target)
-    context = min(64, target.config.max_position_embeddings // 2)
     step = harness.draft_step_model(drafter, target, draft_model, exit_layer)
 
     rows, ar_speeds, ar_tokens, steps = [], [], [], []
@@ -81,8 +80,8 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
             "speculative": lambda p, d=d, g=gamma: generate(target, d, p, sampling, request,
                                                             gamma=g),
         }
-        timed = harness.time_methods(methods, prompts, repeats)
-        costs = harness.round_costs(target, step, gamma, context)
+        timed, costs = harness.time_speed_and_costs(methods, prompts, repeats, target, step,
+                                                    gamma)
         ar, sp = timed["autoregressive"], timed["speculative"]
         ar_speeds.append(ar["tokens_per_second"])
         ar_tokens.append(ar["new_tokens"])
@@ -125,7 +124,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
         "target_step_s": harness.median([c["target_step_s"] for c in steps]),
         "draft_step_s": None if step is None else harness.median(
             [c["draft_step_s"] for c in steps]),
-        "step_context": context,
+        "step_context": harness.COST_CONTEXT,
         "rows": rows,
         "recommended_gamma": best["gamma"],
     }
