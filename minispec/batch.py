@@ -135,12 +135,13 @@ class LoadAwareGamma:
 
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
               batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), max_k: int = 9,
-              context: int = 64, repeats: int = 3) -> BatchCosts:
+              context: int = 64, repeats: int = 5) -> BatchCosts:
     """Time the batched calls `LoadAwareGamma` weighs, on caches of `context` positions.
 
     draft: the model one draft step runs (its first draft_layers layers and the head, for the
     early-exit drafter: draft=target), or None for a drafter without a forward call.
-    The medians of `repeats` calls per (B, k), after one untimed call.
+    The medians of `repeats` calls per (B, k), after one untimed call, made monotone: a cost
+    is raised to the largest measured for fewer tokens or a smaller batch.
     """
     from .batched import batch_embed, batch_run_layers
 
@@ -163,6 +164,16 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
     verify = {B: {k: timed(target, B, k) for k in range(1, max_k + 1)} for B in batch_sizes}
     draft_s = {B: 0.0 if draft is None else timed(draft, B, 1, draft_layers)
                for B in batch_sizes}
+    # more work never costs less: timing noise (a shared machine) is taken out by keeping each
+    # cost at least the largest one measured for less work (fewer tokens, a smaller batch)
+    sizes = sorted(batch_sizes)
+    for i, B in enumerate(sizes):
+        for k in range(1, max_k + 1):
+            smaller = [verify[B][k - 1]] if k > 1 else []
+            smaller += [verify[sizes[i - 1]][k]] if i else []
+            verify[B][k] = max([verify[B][k], *smaller])
+        if i:
+            draft_s[B] = max(draft_s[B], draft_s[sizes[i - 1]])
     return BatchCosts(verify, draft_s)
 
 

@@ -196,6 +196,9 @@ def test_load_aware_generation_follows_its_choices_and_stays_exact():
     costs = calibrate(TARGET, CLOSE, batch_sizes=(1, 4), max_k=5, context=16, repeats=1)
     assert set(costs.verify) == {1, 4} and set(costs.verify[1]) == set(range(1, 6))
     assert all(t > 0 for t in costs.draft.values())
+    for B in (1, 4):  # monotone: more tokens, or a larger batch, never cost less
+        ks = [costs.verify[B][k] for k in range(1, 6)]
+        assert ks == sorted(ks) and costs.verify[4][B] >= costs.verify[1][B]
     results = generate_batch(TARGET, CLOSE, PROMPTS[:5], gamma="load-aware", costs=costs,
                              max_new_tokens=20, **GREEDY)
     assert [r.tokens for r in results] == REFERENCE[:5]
