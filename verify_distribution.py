@@ -591,6 +591,59 @@ def part2_drafters(seed: int, quick: bool, n: int) -> list[Row]:
     return rows
 
 
+# Batches (minispec/batch.py): the tiny target and its near draft, the prompt several times in
+# one batch beside prompts of other lengths; every copy is an independent sample.
+E2E_BATCH = E2E(0.5, top_k=6, gamma=3, L=3)
+BATCH_COMPANY = [[2, 7], [4, 4, 4, 4, 11], [13]]
+BATCH_BUGS = {"batch rows": "each sequence of a batch verified against the next one's logits "
+              "(rows of the batched target call misaligned)"}
+
+
+def misaligned_drafter(target, model):
+    """A broken batch (a control): the model drafter whose batched verify call hands sequence b
+    the logits of sequence b+1 wherever their shapes agree, as an off-by-one split would."""
+    from minispec.drafters import ModelDrafter
+    from minispec.drafters.model import BatchModelDrafting
+
+    class Misaligned(BatchModelDrafting):
+        def verify_forward(self, slots, tokens, caches, n_logits):
+            logits, hidden = super().verify_forward(slots, tokens, caches, n_logits)
+            shifted = logits[1:] + logits[:1]
+            return [s if s.shape == z.shape else z for s, z in zip(shifted, logits)], hidden
+
+    class Drafter(ModelDrafter):
+        def for_batch(self):
+            return Misaligned(self)
+
+    return Drafter(target, model)
+
+
+def part2_batch(seed: int, quick: bool, n: int) -> tuple[list[Row], list[Row]]:
+    """generate_batch end to end: the law of the prompt's next L tokens, sampled in batches of
+    four copies and three other prompts (a true row and its control)."""
+    from minispec.batch import generate_batch
+
+    models = tiny_models()
+    target, draft, cfg = models["target"], models["near"], E2E_BATCH
+    law = exact_joint(target, TINY_PROMPT, cfg)
+    batch = [TINY_PROMPT] * 4 + BATCH_COMPANY
+
+    def samples(drafter, label):
+        base = int(rng_for(seed, "batch", label).integers(2**31))
+        out = []
+        for i in range(-(-n // 4)):
+            res = generate_batch(target, drafter, batch, gamma=cfg.gamma, max_new_tokens=cfg.L,
+                                 temperature=cfg.temperature, top_k=cfg.top_k, seed=base + i)
+            out += [tuple(r.tokens) for r in res[:4]]
+        return out[:n]
+
+    label = f"{cfg.name}, near, batch of 7"
+    true = joint_row("2", label, law, samples(draft, "true"))
+    control = joint_row("2", label, law, samples(misaligned_drafter(target, draft), "rows"),
+                        "batch rows")
+    return [true], [control]
+
+
 SHIPPED = E2E(1.0, top_k=3, gamma=3, L=2)
 
 
@@ -718,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
         rows += e2e_rows
         rows += part2_drafters(args.seed, args.quick, n_e2e)
         controls += e2e_controls
+        batch_rows, batch_controls = part2_batch(args.seed, args.quick, n_e2e)
+        rows += batch_rows
+        controls += batch_controls
         if args.quick:
             notes.append("part 3 skipped in --quick")
         else:
@@ -750,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{best.config}: {best.test}"
         print(f"{part:<4} {bug:<12} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
               f"{'rejected' if rejected else 'NOT REJECTED'}")
-    for bug, text in BUGS.items():
+    for bug, text in {**BUGS, **BATCH_BUGS}.items():
         print(f"  {bug}: {text}")
     for note in notes:
         print(f"Note: {note}")

@@ -76,7 +76,15 @@ def matmul(x, w):
     """
     if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < x.shape[0] <= 16:
         return few_rows_matmul(x, w)
+    if isinstance(x, np.ndarray) and x.shape[0] > 16 and _transposed(w):
+        # a tied LM head under a batch's rows: OpenBLAS takes the product about 2x faster as
+        # embedding [V, D] @ x.T than as x @ its transposed view
+        return (w.T @ x.T).T
     return x @ w
+
+
+def _transposed(w) -> bool:
+    return w.flags.f_contiguous and not w.flags.c_contiguous
 
 
 SMALL_GEMM = 10**6  # OpenBLAS multiplies without repacking when rows * columns * depth <= this
@@ -97,7 +105,7 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """
     t, d = x.shape  # [T, D_in]
     f = w.shape[1]  # D_out
-    if w.flags.f_contiguous and not w.flags.c_contiguous:  # transposed: blocks of n columns
+    if _transposed(w):  # blocks of n columns
         n = 128
         while n > 8 and (n * t > SMALL_GEMM_T or n * t * d > SMALL_GEMM):
             n //= 2

@@ -286,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import sweep
 
             return sweep.main(argv[1:])
+        if argv and argv[0] in ("crossover", "serve"):
+            from .measure import crossover
+
+            return (crossover.main if argv[0] == "crossover" else crossover.serve_main)(argv[1:])
         args = build_parser().parse_args(argv)
         set_blas_threads(args.threads)
         session = Session(args)

@@ -246,6 +246,17 @@ class Model:
         self._sin = self.xp.asarray(sin.astype(self.dtype))
         self._rope_len = n
 
+    def rope_rows(self, positions):
+        """(cos, sin) [T, E/2] for an int array of T positions (any order), or None for a model
+        without RoPE. For callers that lay tokens out other than pos..pos+T-1 (batches, trees)."""
+        if self._inv_freq is None:
+            return None
+        top = int(positions.max()) + 1 if len(positions) else 0
+        if top > self._rope_len:
+            self._grow_rope(top)
+        idx = self.xp.asarray(positions)
+        return self._cos[idx], self._sin[idx]  # 2 x [T, E/2]
+
     # -- the cache ------------------------------------------------------------------------------
 
     def new_cache(self, max_len: int | None = None) -> KVCache:

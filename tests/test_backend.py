@@ -33,6 +33,14 @@ def test_the_blocks_really_are_taken_at_these_shapes():
     assert LM_HEAD.flags.f_contiguous and not LM_HEAD.flags.c_contiguous
 
 
+@pytest.mark.parametrize("t", [17, 40])
+def test_many_rows_through_a_transposed_head_equal_a_plain_matmul(t):
+    x = RNG.standard_normal((t, D), dtype=np.float32)
+    expected = x.astype(np.float64) @ LM_HEAD.astype(np.float64)
+    np.testing.assert_allclose(matmul(x, LM_HEAD), expected, rtol=0,
+                               atol=2e-4 * np.abs(expected).max())
+
+
 def test_matmul_routes_only_few_float32_rows():
     w = W_UP[:, :64]
     for t, dtype in [(1, np.float32), (17, np.float32), (4, np.float64), (4, np.float16)]:

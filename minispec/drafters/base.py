@@ -17,10 +17,12 @@ Autoregressive decoding is the same loop with `NoDrafter`, which never drafts.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..batched import batch_head, batch_hidden
 from ..errors import MinispecError
 
 
@@ -93,6 +95,57 @@ class Drafter:
     def empty_draft(self) -> Draft:
         """No drafts this round: the round is one plain target step."""
         return Draft(np.empty(0, dtype=np.int64), np.empty((0, self.vocab_size)))
+
+    def for_batch(self) -> BatchDrafting:
+        """This drafter serving a batch of sequences (minispec/batch.py). By default one shallow
+        copy of it per sequence, each started on its own prompt and asked in turn; a drafter with
+        a model overrides this to draft for every sequence in one call per draft step."""
+        return BatchDrafting(self)
+
+
+class BatchDrafting:
+    """A drafter serving a batch: one drafter state per sequence (a "slot"), and the batch's
+    target call. This default asks each sequence's drafter in turn (a shallow copy of the
+    drafter it was made from, started on that sequence's prompt) and, unless the drafter
+    supplies its own verify_forward, verifies every sequence in one batched target call."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter, self.target = drafter, drafter.target
+        self.name, self.vocab_size = drafter.name, drafter.vocab_size
+        self.slots: dict[int, Drafter] = {}
+        # the target's own forward, or one of the drafter's (early exit reuses its layers)
+        self.own_forward = type(drafter).verify_forward is not Drafter.verify_forward
+
+    def start(self, slot: int, prompt_ids: list[int], cache) -> None:
+        """Sequence `slot` joins the batch, with its own target cache."""
+        d = copy.copy(self.drafter)
+        d.start(prompt_ids, cache)
+        self.slots[slot] = d
+
+    def calls(self, slot: int) -> int:
+        return self.slots[slot].calls
+
+    def propose(self, slots, contexts, gammas, warp, rngs) -> list[Draft]:
+        """One Draft per sequence: up to gammas[b] tokens continuing contexts[b]."""
+        return [self.slots[s].propose(c, g, warp, r)
+                for s, c, g, r in zip(slots, contexts, gammas, rngs)]
+
+    def verify_forward(self, slots, tokens, caches, n_logits):
+        """The batch's target call: (logits [n_logits[b], V] per sequence, hidden [T_b, D] per
+        sequence), each as Drafter.verify_forward would give it."""
+        if self.own_forward:
+            out = [self.slots[s].verify_forward(t, c, n)
+                   for s, t, c, n in zip(slots, tokens, caches, n_logits)]
+            return [o[0] for o in out], [o[1] for o in out]
+        hs = batch_hidden(self.target, tokens, caches)  # one call for every sequence
+        return batch_head(self.target, hs, n_logits), hs
+
+    def accept(self, slot: int, context: list[int], hidden) -> None:
+        self.slots[slot].accept(context, hidden)
+
+    def finish(self, slot: int) -> None:
+        """Sequence `slot` left the batch."""
+        del self.slots[slot]
 
 
 class NoDrafter(Drafter):

@@ -8,9 +8,10 @@ from numbers import Integral
 
 import numpy as np
 
+from ..batched import batch_embed, batch_head, batch_run_layers, split
 from ..errors import MinispecError
 from ..sampling import sample
-from .base import Draft, Drafter
+from .base import BatchDrafting, Draft, Drafter
 
 
 class EarlyExitDrafter(Drafter):
@@ -76,9 +77,8 @@ class EarlyExitDrafter(Drafter):
         """
         target = self.target
         tokens = [int(t) for t in tokens]
-        pos, n = cache.length, len(self._fed)
-        reuse = cache is self.cache and pos == self._pos and tokens[:n] == self._fed
-        parts, n = (self._h, n) if reuse and n else ([], 0)
+        pos = cache.length
+        parts, n = self.reusable(tokens, cache)
         if n < len(tokens):  # layers 0..k-1 for what drafting never fed
             h = target.embed(tokens[n:], pos + n)  # [T - n, D]
             parts = parts + [target.run_layers(h, cache, pos + n, 0, self.k)]
@@ -87,6 +87,78 @@ class EarlyExitDrafter(Drafter):
         cache.length = pos + len(tokens)
         self._fed, self._h = [], []
         return target.head(h[-n_logits:]), h  # [n_logits, V], [T, D]
+
+    def reusable(self, tokens: list[int], cache) -> tuple[list, int]:
+        """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when
+        this round's drafting fed something else)."""
+        n = len(self._fed)
+        if n and cache is self.cache and cache.length == self._pos and tokens[:n] == self._fed:
+            return self._h, n
+        return [], 0
+
+    def for_batch(self) -> BatchEarlyExitDrafting:
+        return BatchEarlyExitDrafting(self)
+
+
+class BatchEarlyExitDrafting(BatchDrafting):
+    """Early exit serving a batch: each draft step is one call of layers 0..k-1 for every
+    sequence still drafting, and the verify call one call of the rest (minispec/batched.py);
+    the bookkeeping per sequence is EarlyExitDrafter's own."""
+
+    def propose(self, slots, contexts, gammas, warp, rngs) -> list[Draft]:
+        target = self.target
+        ds = [self.slots[s] for s in slots]
+        feed, gs = [], []
+        for d, c, g in zip(ds, contexts, gammas):
+            d._pos, d._fed, d._h = d.cache.length, [], []
+            feed.append(list(c[d.cache.length:]))
+            gs.append(max(min(g, d.cache.max_len - len(c) + 1), 0))
+        drafts = [np.empty(g, dtype=np.int64) for g in gs]
+        qs = [np.empty((g, self.vocab_size)) for g in gs]
+        for i in range(max(gs, default=0)):
+            live = [b for b, g in enumerate(gs) if g > i]
+            starts = [ds[b]._pos + len(ds[b]._fed) for b in live]
+            sizes = [len(feed[b]) for b in live]
+            h = batch_embed(target, [feed[b] for b in live], starts)  # [N, D]
+            h = batch_run_layers(target, h, [ds[b].cache for b in live], starts, sizes, 0,
+                                 ds[0].k)
+            hs = split(h, sizes)
+            logits = batch_head(target, hs, [1] * len(live))
+            for b, hb, row in zip(live, hs, logits):
+                d = ds[b]
+                d.calls += 1
+                d._fed += feed[b]
+                d._h.append(hb)
+                qs[b][i] = warp(row[0])
+                drafts[b][i] = sample(qs[b][i], rngs[b])
+                feed[b] = [int(drafts[b][i])]
+        return [Draft(t, q) for t, q in zip(drafts, qs)]
+
+    def verify_forward(self, slots, tokens, caches, n_logits):
+        target = self.target
+        ds = [self.slots[s] for s in slots]
+        tokens = [[int(t) for t in ts] for ts in tokens]
+        starts = [c.length for c in caches]
+        reused = [d.reusable(ts, c) for d, ts, c in zip(ds, tokens, caches)]
+        rest = [b for b, ((_, n), ts) in enumerate(zip(reused, tokens)) if n < len(ts)]
+        fresh = {}
+        if rest:  # layers 0..k-1 for what drafting never fed, every such sequence in one call
+            r_tokens = [tokens[b][reused[b][1]:] for b in rest]
+            r_starts = [starts[b] + reused[b][1] for b in rest]
+            r_sizes = [len(t) for t in r_tokens]
+            h = batch_embed(target, r_tokens, r_starts)
+            h = batch_run_layers(target, h, [caches[b] for b in rest], r_starts, r_sizes, 0,
+                                 ds[0].k)
+            fresh = dict(zip(rest, split(h, r_sizes)))
+        parts = [reused[b][0] + ([fresh[b]] if b in fresh else []) for b in range(len(ds))]
+        h = target.xp.concatenate([p for ps in parts for p in ps])  # [N, D]
+        sizes = [len(ts) for ts in tokens]
+        h = batch_run_layers(target, h, caches, starts, sizes, ds[0].k, target.n_layers)
+        for d, c, t in zip(ds, caches, sizes):
+            c.length += t
+            d._fed, d._h = [], []
+        hs = split(h, sizes)
+        return batch_head(target, hs, n_logits), hs
 
 
 def default_exit_layer(target) -> int:

@@ -1,0 +1,341 @@
+"""Batches of sequences, and speculation that knows the load.
+
+A lone request leaves a memory-bound step with arithmetic to spare, and speculative decoding
+spends it: checking gamma + 1 tokens costs about what generating one does. A full batch has no
+arithmetic to spare: B sequences already share each read of the weights, and their B x (gamma
++ 1) verify tokens compete for compute in use. There speculation can lower throughput, and
+production systems turn it off as the batch fills. This module decodes a batch with or without
+speculation, and with gamma="load-aware" chooses gamma (0 = off) round by round from measured
+costs and the acceptance seen so far.
+
+    results = generate_batch(target, draft, prompts, gamma="load-aware", max_new_tokens=64,
+                             temperature=0)
+
+Each sequence is its own speculative decoding (the round of minispec/speculative.py, for B
+sequences at once): its own accepted prefix, KV cache, random stream and stop reason; the
+drafter drafts for every live sequence in one call per draft step and the target verifies them
+all in one call (minispec/batched.py). A finished sequence leaves the batch; `BatchDecoder`
+lets new ones join between rounds (continuous batching).
+
+Random streams: sequence i of a batch draws every random number from
+numpy.random.default_rng([seed, i]). With a fixed integer gamma (or "auto", which adapts per
+sequence) its draws, and so its output, do not depend on which prompts share its batch: it gets
+the same tokens in any batch, alone included, up to float rounding (tests/test_batch.py). With
+"load-aware" the gamma of a round depends on the batch's size, so a sequence's output can change
+with its company, while staying distributed exactly as the target's (gamma depends only on
+rounds already verified).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .batched import batch_hidden
+from .drafters import NoDrafter
+from .errors import MinispecError
+from .measure.harness import expected_tokens_per_call
+from .model import Model
+from .sampling import Sampling
+from .speculative import (
+    GenerationResult,
+    Request,
+    Round,
+    Stats,
+    as_drafter,
+    check_draft,
+    check_emitted,
+    check_prompt,
+    gamma_policy,
+)
+from .verify import verify as minispec_verify
+
+# ---- the load-aware policy ---------------------------------------------------------------------
+
+
+@dataclass
+class BatchCosts:
+    """Measured seconds of the calls a batched round makes, by batch size B (`calibrate`).
+
+    verify[B][k]: one target call of B sequences feeding k tokens each (k = 1: a plain decode
+    step of the batch; k = gamma + 1: a verify call). draft[B]: one draft step of B sequences
+    (0 for a drafter without a forward call). Between measured sizes, linear in B.
+    """
+
+    verify: dict[int, dict[int, float]]
+    draft: dict[int, float]
+
+    def t_verify(self, B: int, k: int) -> float:
+        return _interpolate({b: row[k] for b, row in self.verify.items()}, B)
+
+    def t_draft(self, B: int) -> float:
+        return _interpolate(self.draft, B)
+
+    @property
+    def max_k(self) -> int:
+        return min(max(row) for row in self.verify.values())
+
+
+def _interpolate(table: dict[int, float], x: float) -> float:
+    """Piecewise linear through (B, seconds); beyond the ends, the nearest two points' line."""
+    xs = sorted(table)
+    if len(xs) == 1:
+        return table[xs[0]] * x / xs[0]
+    i = int(np.clip(np.searchsorted(xs, x), 1, len(xs) - 1))
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = table[x0], table[x1]
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+class LoadAwareGamma:
+    """gamma="load-aware": before each round, the gamma with the most expected new tokens per
+    second for the batch's current size B, from measured costs and the acceptance seen so far.
+
+    Theorem 3.8 of Leviathan et al. 2023, generalized to a batch: a round of B sequences with
+    gamma drafts each costs gamma draft steps of the batch and one verify call of B x (gamma + 1)
+    tokens, and yields B x E[tokens] new tokens, E = (1 - alpha^(gamma+1)) / (1 - alpha):
+
+        rate(gamma) = B E(alpha, gamma) / (gamma t_draft(B) + t_verify(B, gamma + 1)),
+        rate(0)     = B / t_verify(B, 1)                          (speculation off).
+
+    alpha is the per-token acceptance accepted / (accepted + rejections) of the rounds so far,
+    started from a prior of `alpha0` worth `prior` tested drafts. The choice depends only on
+    rounds already verified, so the output stays exact.
+    """
+
+    def __init__(self, costs: BatchCosts, max_gamma: int = 8, alpha0: float = 0.7,
+                 prior: float = 20.0) -> None:
+        self.costs = costs
+        self.max_gamma = min(max_gamma, costs.max_k - 1)
+        self.accepted, self.tested = alpha0 * prior, prior
+        self.gamma = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.tested
+
+    def rate(self, gamma: int, B: int) -> float:
+        """Expected new tokens per second with this gamma at batch size B."""
+        c = self.costs
+        tokens = B * expected_tokens_per_call(min(self.alpha, 1.0), gamma)
+        return tokens / (gamma * c.t_draft(B) + c.t_verify(B, gamma + 1))
+
+    def choose(self, B: int) -> int:
+        self.gamma = max(range(self.max_gamma + 1), key=lambda g: self.rate(g, B))
+        return self.gamma
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.accepted += accepted
+            self.tested += accepted + (accepted < drafted)
+
+
+def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
+              batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), max_k: int = 9,
+              context: int = 64, repeats: int = 5) -> BatchCosts:
+    """Time the batched calls `LoadAwareGamma` weighs, on caches of `context` positions.
+
+    draft: the model one draft step runs (its first draft_layers layers and the head, for the
+    early-exit drafter: draft=target), or None for a drafter without a forward call.
+    The medians of `repeats` calls per (B, k), after one untimed call, made monotone: a cost
+    is raised to the largest measured for fewer tokens or a smaller batch.
+    """
+    from .batched import batch_embed, batch_run_layers
+
+    context = min(context, target.config.max_position_embeddings - max_k)
+    ids = (np.arange(context + max_k) % min(target.vocab_size, 256)).tolist()
+
+    def timed(model, B, k, layers=None):
+        caches = [model.new_cache(context + k) for _ in range(B)]
+        batch_hidden(model, [ids[:context]] * B, caches)
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            h = batch_run_layers(model, batch_embed(model, [ids[context:context + k]] * B,
+                                                    [context] * B), caches, [context] * B,
+                                 [k] * B, 0, layers)
+            model.head(h)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times[1:]))
+
+    verify = {B: {k: timed(target, B, k) for k in range(1, max_k + 1)} for B in batch_sizes}
+    draft_s = {B: 0.0 if draft is None else timed(draft, B, 1, draft_layers)
+               for B in batch_sizes}
+    # more work never costs less: timing noise (a shared machine) is taken out by keeping each
+    # cost at least the largest one measured for less work (fewer tokens, a smaller batch)
+    sizes = sorted(batch_sizes)
+    for i, B in enumerate(sizes):
+        for k in range(1, max_k + 1):
+            smaller = [verify[B][k - 1]] if k > 1 else []
+            smaller += [verify[sizes[i - 1]][k]] if i else []
+            verify[B][k] = max([verify[B][k], *smaller])
+        if i:
+            draft_s[B] = max(draft_s[B], draft_s[sizes[i - 1]])
+    return BatchCosts(verify, draft_s)
+
+
+# ---- the batch decoder ----------------------------------------------------------------------
+
+
+@dataclass
+class _Sequence:
+    """One sequence of the batch and everything that is its own."""
+
+    slot: int
+    prompt: list[int]
+    context: list[int]
+    max_new: int
+    eos: tuple[int, ...]
+    rng: np.random.Generator
+    cache: object
+    policy: object  # its gamma policy (fixed or auto); unused when the batch is load-aware
+    stats: Stats
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def left(self) -> int:
+        return self.max_new - (len(self.context) - len(self.prompt))
+
+
+class BatchDecoder:
+    """Speculative decoding of a changing batch of sequences, one round at a time.
+
+    add() a sequence whenever; step() runs one round for every live sequence and returns the
+    ones that finished, which leave the batch. gamma: an integer (0 = plain decoding),
+    "auto" (Hugging Face's schedule, per sequence) or "load-aware" (one gamma per round for the
+    whole batch, `LoadAwareGamma`; costs: its BatchCosts, measured with `calibrate` if not
+    given). verify: the speculative step, as in speculative_generate.
+    """
+
+    def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=4,
+                 verify=minispec_verify, costs: BatchCosts | None = None) -> None:
+        drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
+        self.target, self.sampling, self.verify = target, sampling, verify
+        self.drafting = drafter.for_batch()
+        self.gamma = gamma
+        self.load_aware = None
+        if isinstance(gamma, str) and gamma == "load-aware":
+            if costs is None:
+                draft = getattr(drafter, "model", None)
+                layers = getattr(drafter, "k", None)  # early exit drafts with k layers
+                costs = calibrate(target, target if layers else draft, draft_layers=layers)
+            self.load_aware = LoadAwareGamma(costs)
+        else:
+            gamma_policy(gamma, least=0)  # checked now, one policy per sequence at add()
+        self.live: list[_Sequence] = []
+        self._next = 0
+        V = self.drafting.vocab_size
+
+        def warp(logits):  # as in speculative.generate: the V ids generation samples from
+            probs = sampling.warp(logits[..., :V])
+            if probs.shape[-1] < V:
+                probs = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, V - probs.shape[-1])])
+            return probs
+
+        self.warp = warp
+
+    def add(self, prompt_ids, request: Request, rng: np.random.Generator | None = None) -> int:
+        """A new sequence joins the batch; returns its slot number (its key in step's output)."""
+        prompt, max_new = check_prompt(self.target, prompt_ids, request)
+        slot, self._next = self._next, self._next + 1
+        rng = np.random.default_rng(request.seed) if rng is None else rng
+        cache = self.target.new_cache(len(prompt) + max_new)
+        policy = None if self.load_aware else gamma_policy(self.gamma, least=0)
+        label = self.gamma if isinstance(self.gamma, (int, str)) else type(self.gamma).__name__
+        self.drafting.start(slot, list(prompt), cache)
+        self.live.append(_Sequence(slot, prompt, list(prompt), max_new, request.eos_token_ids,
+                                   rng, cache, policy, Stats(self.drafting.name, label)))
+        return slot
+
+    def step(self) -> list[tuple[int, GenerationResult]]:
+        """One round for every live sequence: draft, one target call, verify each sequence,
+        roll back each cache to its own accepted length. Returns (slot, result) of those that
+        stopped (EOS or their budget)."""
+        seqs = self.live
+        if not seqs:
+            return []
+        if self.load_aware is not None:
+            g = self.load_aware.choose(len(seqs))
+            gammas = [min(g, s.left - 1) for s in seqs]
+        else:
+            gammas = [min(s.policy.gamma, s.left - 1) for s in seqs]
+        slots = [s.slot for s in seqs]
+        t0 = time.perf_counter()
+        drafts = self.drafting.propose(slots, [s.context for s in seqs], gammas, self.warp,
+                                       [s.rng for s in seqs])
+        drafts = [check_draft(d, g, self.drafting) for d, g in zip(drafts, gammas)]
+        t1 = time.perf_counter()
+        starts = [s.cache.length for s in seqs]
+        fed = [s.context[pos:] + d.tokens.tolist() for s, pos, d in zip(seqs, starts, drafts)]
+        logits, hidden = self.drafting.verify_forward(slots, fed, [s.cache for s in seqs],
+                                                      [len(d.tokens) + 1 for d in drafts])
+        done = []
+        for s, g, d, pos, z, h in zip(seqs, gammas, drafts, starts, logits, hidden):
+            r = self._finish_round(s, g, d, pos, z, h)
+            r.draft_seconds = t1 - t0  # the batch's time: every sequence waited for all of it
+            r.verify_seconds = time.perf_counter() - t1
+            s.stats.add(r)
+            (self.load_aware or s.policy).update(len(r.drafted), r.accepted)
+            if r.stopped or s.left <= 0:
+                done.append((s.slot, self._result(s)))
+        finished = {slot for slot, _ in done}
+        self.live = [s for s in seqs if s.slot not in finished]
+        return done
+
+    def _finish_round(self, s: _Sequence, gamma, draft, pos, logits, hidden) -> Round:
+        """speculative_round's steps 3-6 for one sequence of the batch."""
+        drafts = draft.tokens.tolist()
+        p = self.warp(logits)  # [g+1, V]
+        emitted = check_emitted(self.verify(p, draft.q, draft.tokens, s.rng), drafts, p.shape[1],
+                                self.verify)
+        accepted = len(emitted) - 1
+        kept = len(s.context) + accepted
+        s.cache.rollback(kept)
+        stop = next((i for i, t in enumerate(emitted) if t in s.eos), None)
+        out = emitted if stop is None else emitted[: stop + 1]
+        s.context += out
+        if stop is None:
+            self.drafting.accept(s.slot, s.context, hidden[: kept - pos])
+        return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
+                     kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
+                     gamma=gamma, stopped=stop is not None)
+
+    def _result(self, s: _Sequence) -> GenerationResult:
+        s.stats.draft_calls = self.drafting.calls(s.slot)
+        s.stats.total_seconds = time.perf_counter() - s.started  # its latency, from add()
+        self.drafting.finish(s.slot)
+        stopped = bool(s.stats.rounds) and s.stats.rounds[-1].stopped
+        return GenerationResult(tokens=s.context[len(s.prompt):],
+                                stop_reason="eos" if stopped else "length", stats=s.stats)
+
+
+def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=4,
+                   max_new_tokens: int, temperature: float, top_k: int = 0,
+                   top_p: float = 1.0, eos_token_id=None, seed: int | None = None,
+                   verify=minispec_verify, costs: BatchCosts | None = None
+                   ) -> list[GenerationResult]:
+    """Decode every prompt of `prompts` together -> one GenerationResult per prompt, in order.
+
+    drafter: as speculative_generate's (a draft Model or a Drafter made for target), or None for
+    plain decoding. gamma: an integer (0 = plain autoregressive decoding of the batch), "auto"
+    or "load-aware" (see BatchDecoder; costs: LoadAwareGamma's measurements, from `calibrate`
+    when not given). Sequence i draws its random numbers from default_rng([seed, i]) (fresh
+    randomness for seed None); see the module docstring for what that guarantees. The other
+    arguments are speculative_generate's. A sequence's stats.total_seconds is its latency, its
+    rounds' timings those of the batch's rounds.
+    """
+    sampling = Sampling(temperature, top_k, top_p)
+    request = Request(max_new_tokens, eos_token_id, seed)
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
+        raise MinispecError("prompts: expected a non-empty list of prompts (token id lists)")
+    decoder = BatchDecoder(target, drafter, sampling, gamma=gamma, verify=verify, costs=costs)
+    for i, prompt in enumerate(prompts):
+        rng = np.random.default_rng() if seed is None else np.random.default_rng([seed, i])
+        decoder.add(prompt, request, rng)
+    results: dict[int, GenerationResult] = {}
+    while decoder.live:
+        results.update(decoder.step())
+    return [results[i] for i in range(len(prompts))]

@@ -1,0 +1,289 @@
+"""`minispec crossover`: where speculation stops paying as the batch fills, and a simulated
+server with speculation off, on, and load-aware.
+
+    minispec crossover                          # batch 1..32, the shipped pair, a PNG plot
+    minispec crossover --batch 1,4,16 --json
+    minispec serve                              # Poisson arrivals, continuous batching
+
+crossover: for each batch size B, the first B held-out prompts decoded together three ways:
+plain (gamma 0), speculative at a fixed gamma, and load-aware (minispec/batch.py), methods
+timed in turn. Beside them the verify-cost curve t(B sequences x k tokens in one call), from
+the same calibration the load-aware policy uses, explains the crossover: speculation pays while
+B x E[tokens] / (gamma t_draft(B) + t(B, gamma+1)) beats B / t(B, 1).
+
+serve: requests arrive as a Poisson process at several rates and are served by continuous
+batching (a finished sequence's slot is taken by the next waiting request, up to --slots). The
+clock is simulated but every step's time is the measured time of the real computation: a step
+of the batch advances the clock by exactly what it took. Per rate and mode: throughput (new
+tokens per second of the clock) and each request's latency from arrival to its last token
+(p50, p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import blas_threads
+from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
+from ..errors import MinispecError
+from ..sampling import Sampling
+from ..speculative import Request
+from . import harness
+
+SHIPPED = Path(__file__).resolve().parents[2] / "weights"
+METHODS = ("plain", "speculative", "load-aware")
+
+
+def crossover(target, draft, prompts, *, batch_sizes, gamma: int = 4,
+              max_new_tokens: int = 32, repeats: int = 1, costs: BatchCosts | None = None
+              ) -> dict:
+    """Tokens per second of plain, speculative (fixed gamma) and load-aware decoding of the
+    first B prompts at each batch size B; the costs behind the load-aware choice."""
+    if costs is None:
+        costs = calibrate(target, draft, batch_sizes=batch_sizes, max_k=max(gamma + 1, 9))
+    eos = harness.benchmark_eos(target)
+    rows = []
+    for B in batch_sizes:
+        batch = [prompts[i % len(prompts)] for i in range(B)]
+        kw = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "eos_token_id": eos,
+              "seed": 0, "costs": costs}
+        runs = {"plain": lambda: generate_batch(target, None, batch, gamma=0, **kw),
+                "speculative": lambda: generate_batch(target, draft, batch, gamma=gamma, **kw),
+                "load-aware": lambda: generate_batch(target, draft, batch, gamma="load-aware",
+                                                     **kw)}
+        times: dict[str, list[float]] = {m: [] for m in METHODS}
+        out = {}
+        for _ in range(repeats):  # methods in turn, so a change of load hits all alike
+            for m, run in runs.items():
+                t0 = time.perf_counter()
+                out[m] = run()
+                times[m].append(time.perf_counter() - t0)
+        row = {"batch": B}
+        for m in METHODS:
+            tokens = sum(len(r.tokens) for r in out[m])
+            rounds = [rd for r in out[m] for rd in r.stats.rounds]
+            row[m] = {"tokens_per_second": tokens / harness.median(times[m]),
+                      "tokens": tokens, "mean_gamma": float(np.mean([rd.gamma for rd in rounds])),
+                      "alpha": harness.per_token_alpha(out[m])}
+        row["identical"] = all(a.tokens == b.tokens == c.tokens
+                               for a, b, c in zip(*(out[m] for m in METHODS)))
+        policy = LoadAwareGamma(costs)
+        policy.accepted, policy.tested = row["speculative"]["alpha"], 1.0
+        row["predicted"] = {"plain": policy.rate(0, B), "speculative": policy.rate(gamma, B),
+                            "load_aware_gamma": policy.choose(B)}
+        rows.append(row)
+    return {"settings": {"gamma": gamma, "max_new_tokens": max_new_tokens, "repeats": repeats,
+                         "batch_sizes": list(batch_sizes)},
+            "costs": {"verify": {str(b): {str(k): t for k, t in ks.items()}
+                                 for b, ks in costs.verify.items()},
+                      "draft": {str(b): t for b, t in costs.draft.items()}},
+            "rows": rows, "crossover": _crossover_batch(rows)}
+
+
+def _crossover_batch(rows) -> int | None:
+    """The smallest measured batch size from which plain decoding is faster than speculative."""
+    for r in rows:
+        if r["plain"]["tokens_per_second"] > r["speculative"]["tokens_per_second"]:
+            return r["batch"]
+    return None
+
+
+def serve(target, draft, prompts, *, rates, requests: int = 32, slots: int = 16,
+          gamma: int = 4, max_new_tokens: int = 32, seed: int = 0,
+          costs: BatchCosts | None = None) -> dict:
+    """The simulated server: for each arrival rate (requests per second of the clock) and each
+    mode, the same Poisson arrivals of `requests` held-out prompts, continuous batching with at
+    most `slots` sequences, greedy decoding. Returns throughput and latency percentiles."""
+    if costs is None:
+        costs = calibrate(target, draft, batch_sizes=sorted({1, 2, 4, 8, slots}),
+                          max_k=max(gamma + 1, 9))
+    eos = harness.benchmark_eos(target)
+    rows = []
+    for rate in rates:
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, requests)
+        arrivals = np.cumsum(gaps) - gaps[0]  # the first request at time 0
+        row = {"rate": rate}
+        for mode in METHODS:
+            decoder = BatchDecoder(target, None if mode == "plain" else draft, Sampling(),
+                                   gamma={"plain": 0, "speculative": gamma,
+                                          "load-aware": "load-aware"}[mode], costs=costs)
+            clock, waiting, finish, tokens, slot_of = 0.0, list(range(requests)), {}, 0, {}
+            while waiting or decoder.live:
+                if not decoder.live and arrivals[waiting[0]] > clock:
+                    clock = float(arrivals[waiting[0]])  # idle until the next request
+                while waiting and arrivals[waiting[0]] <= clock and len(decoder.live) < slots:
+                    i = waiting.pop(0)
+                    slot_of[decoder.add(prompts[i % len(prompts)],
+                                        Request(max_new_tokens, eos))] = i
+                t0 = time.perf_counter()
+                done = decoder.step()
+                clock += time.perf_counter() - t0  # the real time of the real step
+                for slot, result in done:
+                    finish[slot_of[slot]] = clock
+                    tokens += len(result.tokens)
+            latency = np.array([finish[i] - arrivals[i] for i in range(requests)])
+            row[mode] = {"tokens_per_second": tokens / clock, "tokens": tokens,
+                         "latency_p50_s": float(np.percentile(latency, 50)),
+                         "latency_p99_s": float(np.percentile(latency, 99))}
+        rows.append(row)
+    return {"settings": {"requests": requests, "slots": slots, "gamma": gamma,
+                         "max_new_tokens": max_new_tokens, "seed": seed, "rates": list(rates)},
+            "rows": rows}
+
+
+# ---- reports ------------------------------------------------------------------------------------
+
+
+def format_crossover(report: dict) -> str:
+    s = report["settings"]
+    lines = [f"tokens per second, {s['max_new_tokens']} new tokens per sequence, greedy, "
+             f"speculative gamma {s['gamma']} (median of {s['repeats']} run(s), methods in turn)",
+             f"{'batch':>5} {'plain':>9} {'spec':>9} {'load-aware':>10} {'(gamma)':>8} "
+             f"{'spec/plain':>10} {'aware/best':>10} {'alpha':>6}"]
+    for r in report["rows"]:
+        p, sp, la = (r[m]["tokens_per_second"] for m in METHODS)
+        lines.append(f"{r['batch']:>5} {p:9.1f} {sp:9.1f} {la:10.1f} "
+                     f"{r['load-aware']['mean_gamma']:8.2f} {sp / p:10.2f} "
+                     f"{la / max(p, sp):10.2f} {r['speculative']['alpha']:6.3f}")
+    x = report["crossover"]
+    lines.append("speculation stops paying at batch " + (str(x) if x else "(not within these)"))
+    lines.append("")
+    lines.append("the verify-cost curve: t(B sequences x k tokens in one target call) / "
+                 "t(1 x 1), and a draft step t_draft(B) / t(1 x 1)")
+    verify, draft = report["costs"]["verify"], report["costs"]["draft"]
+    base = verify[min(verify, key=int)]["1"]
+    ks = sorted(int(k) for k in next(iter(verify.values())))
+    lines.append(f"{'B':>5} " + " ".join(f"{'k=' + str(k):>6}" for k in ks) + f" {'draft':>7}")
+    for b in sorted(verify, key=int):
+        lines.append(f"{b:>5} " + " ".join(f"{verify[b][str(k)] / base:6.2f}" for k in ks)
+                     + f" {draft[b] / base:7.3f}")
+    g = report["settings"]["gamma"]
+    lines.append(f"speculation pays while B x E[tokens] / (gamma t_draft(B) + t(B, {g + 1})) > "
+                 f"B / t(B, 1); at batch 1 a {g + 1}-token call costs "
+                 f"{verify[min(verify, key=int)][str(g + 1)] / base:.2f} one-token calls")
+    return "\n".join(lines)
+
+
+def format_serve(report: dict) -> str:
+    s = report["settings"]
+    lines = [f"simulated server: {s['requests']} requests (held-out prompts, {s['max_new_tokens']}"
+             f" new tokens each, greedy) at Poisson rates, continuous batching, {s['slots']} "
+             f"slots; speculative gamma {s['gamma']}",
+             f"{'rate/s':>7} {'mode':<12} {'tok/s':>8} {'p50 s':>7} {'p99 s':>7}"]
+    for r in report["rows"]:
+        for m in METHODS:
+            x = r[m]
+            lines.append(f"{r['rate']:>7g} {m:<12} {x['tokens_per_second']:8.1f} "
+                         f"{x['latency_p50_s']:7.3f} {x['latency_p99_s']:7.3f}")
+    return "\n".join(lines)
+
+
+def plot(crossover_report: dict | None, serve_report: dict | None, path: str) -> str:
+    """Throughput against batch size (and, with a serve report, against the arrival rate)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"--plot: matplotlib is not installed, {path} not written"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [r for r in (crossover_report, serve_report) if r is not None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
+    for ax, report in zip(axes[0], panels):
+        key = "batch" if report is crossover_report else "rate"
+        xs = [r[key] for r in report["rows"]]
+        for m, style in zip(METHODS, ("o-", "s--", "^:")):
+            ax.plot(xs, [r[m]["tokens_per_second"] for r in report["rows"]], style, label=m)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size" if key == "batch" else "arrival rate (requests/s)")
+        ax.set_ylabel("new tokens per second")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
+    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
+    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
+                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--gamma", type=int, default=4, help="speculative decoding's fixed gamma")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per sequence")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--plot", metavar="PNG", default=None, help="write a plot (matplotlib)")
+    return ap
+
+
+def _ints(text: str, flag: str, kind=int) -> list:
+    try:
+        values = [kind(x) for x in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise MinispecError(f"{flag}: expected a comma-separated list of positive numbers, "
+                            f"got {text!r}")
+    return values
+
+
+def _load(args):
+    from ..loader import load
+
+    for flag, path in (("--target", args.target), ("--draft", args.draft),
+                       ("--prompts", args.prompts)):
+        if not path.exists():
+            raise MinispecError(f"{flag}: {path} does not exist")
+    target, draft = load(args.target, device="cpu"), load(args.draft, device="cpu")
+    texts = harness.load_prompts(args.prompts)
+    return target, draft, harness.encode_prompts(texts, target.tokenizer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`minispec crossover [options]`."""
+    ap = _parser("minispec crossover")
+    ap.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes")
+    ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
+    args = ap.parse_args(argv)
+    sizes = _ints(args.batch, "--batch")
+    with blas_threads(args.threads):
+        target, draft, prompts = _load(args)
+        if not args.json:
+            print("calibrating the batched calls ...", file=sys.stderr, flush=True)
+        report = crossover(target, draft, prompts, batch_sizes=sizes, gamma=args.gamma,
+                           max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+    print(json.dumps(report, indent=1) if args.json else format_crossover(report))
+    if args.plot:
+        print(plot(report, None, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """`minispec serve [options]`: the simulated server."""
+    ap = _parser("minispec serve")
+    ap.add_argument("--rates", default="1,4,16,64", help="arrival rates, requests per second")
+    ap.add_argument("--requests", type=int, default=32, help="requests per rate and mode")
+    ap.add_argument("--slots", type=int, default=16, help="the batch's most sequences")
+    args = ap.parse_args(argv)
+    rates = _ints(args.rates, "--rates", float)
+    with blas_threads(args.threads):
+        target, draft, prompts = _load(args)
+        report = serve(target, draft, prompts, rates=rates, requests=args.requests,
+                       slots=args.slots, gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+    print(json.dumps(report, indent=1) if args.json else format_serve(report))
+    if args.plot:
+        print(plot(None, report, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return 0

@@ -1,0 +1,217 @@
+"""Batches (minispec/batched.py, minispec/batch.py): the batched forward pass against each
+sequence's Model.logits, generate_batch against each sequence's own autoregressive decoding
+(greedy: token for token; sampled: the target's distribution), the random streams, continuous
+batching, and the load-aware policy's arithmetic. Speed is measured by `minispec crossover`,
+never here."""
+
+import numpy as np
+import pytest
+from conftest import FAMILIES, tiny_config
+from stats_helpers import pooled_chisquare
+
+from minispec import MinispecError, Request, Sampling, autoregressive_generate, make_drafter
+from minispec.backend import to_host
+from minispec.batch import (
+    BatchCosts,
+    BatchDecoder,
+    LoadAwareGamma,
+    calibrate,
+    generate_batch,
+)
+from minispec.batched import batch_head, batch_hidden
+from minispec.loader import random_model
+from minispec.measure.harness import expected_tokens_per_call
+from minispec.sampling import warp
+
+TOL = 2e-5
+TARGET = random_model(tiny_config(max_position_embeddings=96, n_layers=4), seed=0, scale=0.5)
+CLOSE = random_model(tiny_config(max_position_embeddings=96, n_layers=4), seed=0, scale=0.5)
+CLOSE.weights["lm_head"] = CLOSE.weights["lm_head"] + np.random.default_rng(2).normal(
+    scale=0.1, size=CLOSE.weights["lm_head"].shape).astype(np.float32)  # a draft that agrees often
+RNG = np.random.default_rng(1)
+PROMPTS = [RNG.integers(0, 48, n).tolist() for n in (1, 3, 7, 12, 5, 2, 9, 4, 6, 1, 3, 8, 10,
+                                                      2, 11, 5)]
+PROMPTS[3] = [3, 9, 4] * 4  # a repeat, for the n-gram drafter
+GREEDY = {"temperature": 0.0}
+
+
+def drafters():
+    return {"model": CLOSE, "ngram": make_drafter("ngram", TARGET),
+            "early-exit": make_drafter("early-exit", TARGET, exit_layer=2)}
+
+
+# ---- the batched forward pass -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_forward_equals_each_sequences_recompute(family, device):
+    m = random_model(tiny_config(family), seed=7, device=device, scale=0.3)
+    seqs = [[3, 17, 5], [42, 8, 8, 0, 31, 22, 9, 14, 47, 2], [6], [11, 30, 1, 2, 3, 4, 5]]
+    caches = [m.new_cache(32) for _ in seqs]
+    first = batch_head(m, batch_hidden(m, seqs, caches), [len(s) for s in seqs])
+    # a second, ragged step: sequences at different positions feed different numbers of tokens
+    more = [[1, 2], [3], [4, 5, 6, 7], [8]]
+    second = batch_head(m, batch_hidden(m, more, caches), [len(t) for t in more])
+    for s, t, a, b, c in zip(seqs, more, first, second, caches):
+        ref = m.logits(s + t)
+        np.testing.assert_allclose(to_host(a), ref[:len(s)], atol=TOL, rtol=0)
+        np.testing.assert_allclose(to_host(b), ref[len(s):], atol=TOL, rtol=0)
+        assert c.length == len(s) + len(t)
+    assert np.abs(ref).max() > 0.5  # not a comparison of near-zero logits
+
+
+def test_batched_forward_respects_the_sliding_window():
+    m = random_model(tiny_config("mistral", sliding_window=4), seed=3, scale=0.3)
+    seqs = [list(range(1, 12)), [5, 6]]  # the first is longer than the window
+    caches = [m.new_cache(32) for _ in seqs]
+    batch_hidden(m, [s[:-1] for s in seqs], caches)
+    last = batch_head(m, batch_hidden(m, [s[-1:] for s in seqs], caches), [1, 1])
+    for s, row in zip(seqs, last):
+        np.testing.assert_allclose(to_host(row)[0], m.logits(s)[-1], atol=TOL, rtol=0)
+
+
+# ---- generate_batch: exact, sequence by sequence --------------------------------------------------
+
+
+def reference(prompts, n=20):
+    return [autoregressive_generate(TARGET, p, max_new_tokens=n, **GREEDY).tokens for p in prompts]
+
+
+REFERENCE = reference(PROMPTS)
+
+
+@pytest.mark.parametrize("name", ["model", "ngram", "early-exit"])
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_greedy_batch_equals_each_sequences_autoregressive_output(name, gamma):
+    for B in (1, 2, 5, 16):
+        results = generate_batch(TARGET, drafters()[name], PROMPTS[:B], gamma=gamma,
+                                 max_new_tokens=20, **GREEDY)
+        assert [r.tokens for r in results] == REFERENCE[:B], (name, gamma, B)
+        assert all(r.stop_reason == "length" for r in results)
+        for r in results:
+            st = r.stats
+            assert [t for rd in st.rounds for t in rd.emitted] == r.tokens
+            assert st.drafter == name and st.target_calls == len(st.rounds)
+
+
+def test_plain_batch_and_gamma_zero_decode_autoregressively():
+    for drafter in (None, CLOSE):
+        results = generate_batch(TARGET, drafter, PROMPTS[:6], gamma=0, max_new_tokens=20,
+                                 **GREEDY)
+        assert [r.tokens for r in results] == REFERENCE[:6]
+        assert all(r.stats.drafted == 0 and r.stats.target_calls == 20 for r in results)
+
+
+def test_ragged_budgets_and_eos_let_sequences_leave_the_batch():
+    eos = REFERENCE[1][4]  # sequence 1 stops at its fifth token; others may stop on it too
+    results = generate_batch(TARGET, CLOSE, PROMPTS[:4], gamma=4, max_new_tokens=20,
+                             eos_token_id=eos, **GREEDY)
+    for r, ref in zip(results, REFERENCE[:4]):
+        cut = ref.index(eos) + 1 if eos in ref else len(ref)
+        assert r.tokens == ref[:cut]
+        assert r.stop_reason == ("eos" if eos in ref else "length")
+    short = PROMPTS[:3]
+    decoder = BatchDecoder(TARGET, CLOSE, Sampling(), gamma=3)
+    for p, n in zip(short, (2, 9, 1)):
+        decoder.add(p, Request(n))
+    done = {}
+    while decoder.live:
+        done.update(decoder.step())
+    assert [done[i].tokens for i in range(3)] == [REFERENCE[0][:2], REFERENCE[1][:9],
+                                                  REFERENCE[2][:1]]
+
+
+def test_continuous_batching_sequences_join_between_rounds():
+    decoder = BatchDecoder(TARGET, CLOSE, Sampling(), gamma=3)
+    decoder.add(PROMPTS[0], Request(20))
+    done, waiting = {}, list(range(1, 6))
+    while decoder.live or waiting:
+        if waiting:  # one newcomer every round, while others are mid-way
+            decoder.add(PROMPTS[waiting.pop(0)], Request(20))
+        done.update(decoder.step())
+    assert [done[i].tokens for i in range(6)] == REFERENCE[:6]
+
+
+@pytest.mark.parametrize("name", ["model", "ngram", "early-exit"])
+def test_a_sequences_sampled_output_does_not_depend_on_its_company(name):
+    kw = {"gamma": 3, "max_new_tokens": 16, "temperature": 1.0, "seed": 11}
+    alone = generate_batch(TARGET, drafters()[name], PROMPTS[:1], **kw)[0].tokens
+    crowd = generate_batch(TARGET, drafters()[name], PROMPTS[:1] + PROMPTS[4:9], **kw)[0].tokens
+    other = generate_batch(TARGET, drafters()[name], PROMPTS[:1] + PROMPTS[9:11], **kw)
+    assert alone == crowd == other[0].tokens
+    assert generate_batch(TARGET, drafters()[name], PROMPTS[:1], **{**kw, "seed": 12}
+                          )[0].tokens != alone
+
+
+SMALL = tiny_config(vocab_size=8, hidden_size=16, n_layers=2, n_heads=2, n_kv_heads=1)
+
+
+@pytest.mark.parametrize("gamma", [2, "load-aware"])
+def test_sampled_batch_output_has_the_target_distribution(gamma):
+    target = random_model(SMALL, seed=3, scale=0.3)
+    draft = random_model(SMALL, seed=3, scale=0.25)  # close to the target: some accepted
+    prompt, warping = [1, 5, 2], {"temperature": 0.8, "top_k": 6}
+    p1 = warp(target.logits(prompt)[-1], **warping)
+    joint = np.stack([p1[a] * warp(target.logits(prompt + [a])[-1], **warping)
+                      for a in range(8)])
+    costs = BatchCosts({b: {k: b * (1 + 0.1 * k) for k in range(1, 6)} for b in (1, 8)},
+                       {1: 0.1, 8: 0.8})  # speculation pays at 1, not at 8: both paths taken
+    counts = np.zeros((8, 8))
+    n, batch = 1200, 6
+    others = [[3, 3], [7], [2, 4, 6], [5], [0, 1]]
+    accepted = drafted = 0
+    for seed in range(n // batch):
+        results = generate_batch(target, draft, [prompt] * batch, gamma=gamma, seed=seed,
+                                 max_new_tokens=3, costs=costs, **warping)
+        for r in results:  # the same prompt six times: six independent samples
+            counts[r.tokens[0], r.tokens[1]] += 1
+            accepted, drafted = accepted + r.stats.accepted, drafted + r.stats.drafted
+        generate_batch(target, draft, others, gamma=gamma, seed=seed, max_new_tokens=2,
+                       costs=costs, **warping)  # other prompts in between: no shared state
+    assert 0.05 < accepted / drafted < 0.95
+    assert pooled_chisquare(counts.ravel(), n * joint.ravel()) > 1e-3
+
+
+# ---- the load-aware policy ------------------------------------------------------------------
+
+
+def test_load_aware_rate_is_theorem_3_8_for_a_batch():
+    costs = BatchCosts({1: {1: 1.0, 2: 1.1, 3: 1.2}, 4: {1: 2.0, 2: 4.0, 3: 6.0}},
+                       {1: 0.1, 4: 0.2})
+    policy = LoadAwareGamma(costs, alpha0=0.8, prior=10)
+    assert policy.max_gamma == 2  # verify costs measured for up to 3 tokens
+    assert policy.rate(0, 1) == pytest.approx(1.0)
+    assert policy.rate(2, 1) == pytest.approx(expected_tokens_per_call(0.8, 2) / (2 * 0.1 + 1.2))
+    assert policy.rate(1, 4) == pytest.approx(4 * 1.8 / (0.2 + 4.0))
+    assert costs.t_verify(2, 2) == pytest.approx(1.1 + 2.9 / 3)  # linear from B = 1 to 4
+    assert policy.choose(1) == 2 and policy.choose(4) == 0  # on alone, off when full
+    policy.update(4, 0)  # a rejection at the first draft: alpha falls
+    assert policy.alpha == pytest.approx(8 / 11)
+    for _ in range(40):
+        policy.update(4, 0)
+    assert policy.choose(1) == 0  # nothing is ever accepted: speculation does not pay
+
+
+def test_load_aware_generation_follows_its_choices_and_stays_exact():
+    costs = calibrate(TARGET, CLOSE, batch_sizes=(1, 4), max_k=5, context=16, repeats=1)
+    assert set(costs.verify) == {1, 4} and set(costs.verify[1]) == set(range(1, 6))
+    assert all(t > 0 for t in costs.draft.values())
+    for B in (1, 4):  # monotone: more tokens, or a larger batch, never cost less
+        ks = [costs.verify[B][k] for k in range(1, 6)]
+        assert ks == sorted(ks) and costs.verify[4][B] >= costs.verify[1][B]
+    results = generate_batch(TARGET, CLOSE, PROMPTS[:5], gamma="load-aware", costs=costs,
+                             max_new_tokens=20, **GREEDY)
+    assert [r.tokens for r in results] == REFERENCE[:5]
+    for r in results:
+        assert all(rd.gamma <= 4 for rd in r.stats.rounds)
+
+
+def test_bad_batch_arguments_are_named():
+    for prompts in ([], "abc", None):
+        with pytest.raises(MinispecError, match="prompts"):
+            generate_batch(TARGET, CLOSE, prompts, max_new_tokens=4, **GREEDY)
+    with pytest.raises(MinispecError, match="prompt_ids"):
+        generate_batch(TARGET, CLOSE, [[1, 2], [99]], max_new_tokens=4, **GREEDY)
+    for gamma in (-1, "fast", 1.5):
+        with pytest.raises(MinispecError, match="gamma"):
+            generate_batch(TARGET, CLOSE, [[1, 2]], gamma=gamma, max_new_tokens=4, **GREEDY)
