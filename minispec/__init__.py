@@ -12,6 +12,7 @@ from norm(max(0, p - q)): the output follows the target's distribution exactly (
     print(target.tokenizer.decode(out.tokens), out.stats.acceptance_rate)
 """
 
+from .batch import generate_batch
 from .config import ModelConfig
 from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, make_drafter
 from .errors import MinispecError
@@ -45,6 +46,7 @@ __all__ = [
     "Stats",
     "autoregressive_generate",
     "generate",
+    "generate_batch",
     "load",
     "make_drafter",
     "random_model",
