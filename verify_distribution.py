@@ -824,13 +824,12 @@ def part_pipeline(factory, label: str, quick: bool, n: int, seed: int,
     with tempfile.TemporaryDirectory() as root:
         dirs = write_pair(root)
         target = minispec.load(dirs["target"], device="cpu")  # the law: from the files written
-        made: dict[tuple, object] = {}
+        made: dict[tuple, object] = {}  # keyed by the factory itself: it stays alive
 
         def generator(make, draft):
-            key = (id(make), draft)
-            if key not in made:
-                made[key] = make(dirs["target"], dirs[draft])
-            return made[key]
+            if (make, draft) not in made:
+                made[(make, draft)] = make(dirs["target"], dirs[draft])
+            return made[(make, draft)]
 
         for cfg, prompt in PIPELINE_QUICK if quick else PIPELINE_FULL:
             law = exact_joint(target, prompt, cfg)
