@@ -120,7 +120,7 @@ def test_minispec_pipeline_passes_and_every_planted_bug_is_rejected():
     r = run_script("--generator", "minispec.generators:speculative", "--quick")
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
-    assert "G    T=0.7 top_k=5 L=3, near, prompt of 7" in out
+    assert "G    T=1.5 top_k=2 L=3, near, prompt of 7" in out
     for bug in vd.PIPELINE_BUGS:
         line = next(x for x in out.splitlines() if x.startswith(f"G    {bug:<15}"))
         assert line.endswith("rejected") and "NOT" not in line, line
