@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -664,6 +665,194 @@ def part3(seed: int, n: int, weights: str) -> tuple[list[Row], str]:
     return [joint_row("3", f"shipped pair {SHIPPED.name}", law, samples, name=name)], ""
 
 
+# ---------------------------------------- part G: whole pipelines (--generator module:factory)
+#
+# The bugs users of real systems hit are rarely in the ratio test; they are in the pipeline
+# around it. So the judge also takes a whole generator: factory(target_dir, draft_dir) ->
+# generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed) -> new token ids.
+# It writes a small random pair as Hugging Face directories, computes the exact law of the next
+# L tokens from the target alone, and compares the generator's output over many seeds with it.
+
+PIPELINE_FULL = [  # (sampling and L, the draft, the prompt)
+    (E2E(1.0, L=2, draft="near"), [1, 5, 9]),
+    (E2E(1.0, top_k=3, L=3, draft="near"), [4, 2, 11, 7, 4, 2, 11]),  # repeats: prompt lookup
+    (E2E(1.3, top_p=0.8, L=2, draft="far"), [3]),
+    (E2E(0.8, top_k=3, L=4, draft="near"), [6, 1, 6, 1, 6]),
+    (E2E(1.0, top_k=6, top_p=0.9, L=3, draft="far"), [2, 14, 9, 2, 14]),
+    (E2E(1.5, top_k=2, L=3, draft="near"), [4, 2, 11, 7, 4, 2, 11]),
+]
+# where every planted bug shows, also with few calls (a hot temperature and top-k, a near draft:
+# drafts often accepted, few outcomes): each was rejected below 1e-9 there with 200 calls
+PIPELINE_CONTROL = PIPELINE_FULL[-1]
+PIPELINE_QUICK = [PIPELINE_CONTROL]
+PIPELINE_BUGS = {
+    "greedy draft": "the draft picks its argmax but reports the sampling q (transformers #32867)",
+    "q without top-k": "drafts drawn after top-k, q reported without it (transformers #47932)",
+    "cache one short": "the target's cache loses its last position before each verify call",
+    "uniforms reused": "verify's acceptance uniforms replay the ones that drew the drafts",
+}
+# Bugs that cost speed, not exactness, and so cannot be caught from the output alone: a dropped
+# bonus token (the next round drafts from the right context), a draft cache never rolled back
+# (its q is wrong but is the q its tokens were drawn from). Part 1 catches the first.
+
+
+def load_generator(spec: str):
+    """'module:factory' -> the factory; a module may name in REQUIRES the packages it needs,
+    and a missing one ends the run with status 3 (not a verdict)."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise SystemExit(f"--generator: expected module:factory, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    missing = [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"verify_distribution: --generator {spec} needs {' and '.join(missing)}, not "
+              f"installed here; nothing was tested (pip install {' '.join(missing)})",
+              file=sys.stderr)
+        raise SystemExit(3)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise SystemExit(f"--generator: {module_name} has no factory {name!r}")
+    return factory
+
+
+def write_pair(root: str) -> dict[str, str]:
+    """The tiny target and its two drafts (tiny_models) as Hugging Face directories: config.json
+    and model.safetensors in float32, no EOS (nothing may cut the L tokens short)."""
+    from minispec.loader import save_checkpoint
+
+    dirs = {}
+    for name, model in tiny_models().items():
+        dirs[name] = os.path.join(root, name)
+        save_checkpoint(model, dirs[name])
+        with open(os.path.join(dirs[name], "generation_config.json"), "w") as f:
+            f.write('{"do_sample": true, "top_k": 0}\n')
+    return dirs
+
+
+def call_generator(generate, prompt, cfg: E2E, n: int, seed: int, label: str
+                   ) -> tuple[list[tuple[int, ...]], str]:
+    """n outputs of generate, one seed each; (outputs, the first protocol violation or "")."""
+    base = int(rng_for(seed, "pipeline", label, cfg.name).integers(2**31))
+    out, t0 = [], time.perf_counter()
+    for i in range(n):
+        tokens = generate(list(prompt), max_new_tokens=cfg.L, temperature=cfg.temperature,
+                          top_k=cfg.top_k, top_p=cfg.top_p, seed=base + i)
+        tokens = tuple(int(t) for t in tokens)
+        if len(tokens) != cfg.L:
+            return out, f"call {i} returned {len(tokens)} tokens, expected {cfg.L}"
+        out.append(tokens)
+        if sys.stderr.isatty() and (i + 1) % 100 == 0:
+            rate = (i + 1) / (time.perf_counter() - t0)
+            print(f"\r{label}, {cfg.name}: {i + 1}/{n} calls, {rate:.0f}/s ", end="",
+                  file=sys.stderr, flush=True)
+    if sys.stderr.isatty():
+        print("\r" + " " * 70 + "\r", end="", file=sys.stderr, flush=True)
+    return out, ""
+
+
+def broken_generator(bug: str):
+    """minispec's speculative pipeline (the model drafter, gamma 3) with one planted bug."""
+    from minispec import Draft, ModelDrafter, load, speculative_generate
+    from minispec import verify as minispec_verify
+    from minispec.sampling import Sampling
+
+    class Broken(ModelDrafter):
+        def __init__(self, target, model, sampling):
+            super().__init__(target, model)
+            self.sampling, self.states = sampling, []
+
+        def propose(self, context, gamma, warp, rng):
+            gamma, tokens = self.prepare(context, gamma)
+            if gamma == 0:
+                return self.empty_draft()
+            drafts, q = np.empty(gamma, dtype=np.int64), np.empty((gamma, self.vocab_size))
+            self.states = [rng.bit_generator.state]
+            no_top_k = Sampling(self.sampling.temperature, 0, self.sampling.top_p)
+            for i in range(gamma):
+                z = self.model.forward(tokens, self.cache)[-1]
+                self.calls += 1
+                q[i] = warp(z)
+                drafts[i] = np.argmax(q[i]) if bug == "greedy draft" else sample(q[i], rng)
+                if bug == "q without top-k":
+                    q[i] = no_top_k.warp(z)
+                tokens = [int(drafts[i])]
+            self.drafted(context, drafts)
+            return Draft(drafts, q)
+
+        def verify_forward(self, tokens, cache, n_logits):
+            if bug != "cache one short" or cache.length == 0:
+                return super().verify_forward(tokens, cache, n_logits)
+            cache.length -= 1  # the bug: the last position forgotten, the tokens fed one early
+            out = super().verify_forward(tokens, cache, n_logits)
+            cache.length += 1
+            return out
+
+    def factory(target_dir, draft_dir):
+        target, draft = load(target_dir, device="cpu"), load(draft_dir, device="cpu")
+
+        def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
+            drafter = Broken(target, draft, Sampling(temperature, top_k, top_p))
+
+            def verify(p, q, draft_tokens, rng):
+                if bug == "uniforms reused" and drafter.states:  # replay the drafts' uniforms
+                    rng = np.random.Generator(np.random.PCG64())
+                    rng.bit_generator.state = drafter.states.pop()
+                return minispec_verify(p, q, draft_tokens, rng)
+
+            return speculative_generate(target, drafter, prompt_ids, gamma=3,
+                                        max_new_tokens=max_new_tokens, temperature=temperature,
+                                        top_k=top_k, top_p=top_p, seed=seed,
+                                        verify=verify).tokens
+
+        return generate
+
+    return factory
+
+
+def pipeline_label(cfg: E2E, prompt: list[int]) -> str:
+    """A part-G configuration (the generator picks its own gamma: none is shown)."""
+    return f"{cfg.name.replace(f' g={cfg.gamma}', '')}, {cfg.draft}, prompt of {len(prompt)}"
+
+
+def part_pipeline(factory, label: str, quick: bool, n: int, seed: int,
+                  with_controls: bool = True) -> tuple[list[Row], list[Row]]:
+    """Part G: the generator made by `factory` on every configuration; the planted bugs (each
+    a broken minispec pipeline) at the same sample size, as controls."""
+    import tempfile
+
+    import minispec
+
+    rows, controls = [], []
+    with tempfile.TemporaryDirectory() as root:
+        dirs = write_pair(root)
+        target = minispec.load(dirs["target"], device="cpu")  # the law: from the files written
+        made: dict[tuple, object] = {}  # keyed by the factory itself: it stays alive
+
+        def generator(make, draft):
+            if (make, draft) not in made:
+                made[(make, draft)] = make(dirs["target"], dirs[draft])
+            return made[(make, draft)]
+
+        for cfg, prompt in PIPELINE_QUICK if quick else PIPELINE_FULL:
+            law = exact_joint(target, prompt, cfg)
+            where = pipeline_label(cfg, prompt)
+            samples, error = call_generator(generator(factory, cfg.draft), prompt, cfg, n, seed,
+                                            label)
+            row = joint_row("G", where, law, samples)
+            if error:
+                row.fit = Fit(row.fit.stat, row.fit.dof, 0.0, error)
+            rows.append(row)
+        if with_controls:
+            cfg, prompt = PIPELINE_CONTROL
+            law = exact_joint(target, prompt, cfg)
+            for bug in PIPELINE_BUGS:
+                samples, _ = call_generator(generator(broken_generator(bug), cfg.draft), prompt,
+                                            cfg, n, seed, bug)
+                controls.append(joint_row("G", pipeline_label(cfg, prompt), law, samples, bug))
+    return rows, controls
+
+
 # ------------------------------------------------------------------------------------ the report
 
 
@@ -743,8 +932,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="seeds the draws; the configurations tested are fixed")
     ap.add_argument("--weights", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                       "weights"), help="the shipped pair's folder")
+    ap.add_argument("--generator", metavar="MODULE:FACTORY",
+                    help="judge this whole generation pipeline (part G) instead; "
+                    "factory(target_dir, draft_dir) -> generate(prompt_ids, *, max_new_tokens, "
+                    "temperature, top_k, top_p, seed) -> new token ids")
+    ap.add_argument("--samples", type=int, default=None,
+                    help="calls per configuration of --generator (default 600 quick, 1000 full)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.generator:
+        return judge_generator(args, t0)
     n_tokens = 5000 if args.quick else 20000  # part 1, per configuration and sampler
     n_e2e = 800 if args.quick else 2000  # part 2, per configuration and sampler
     n_shipped = 600  # part 3: a sample costs a few calls of the 5-layer target
@@ -781,6 +978,24 @@ def main(argv: list[str] | None = None) -> int:
             rows += shipped_rows
             notes += [why] if why else []
 
+    return report(rows, controls, notes, args.plot, t0)
+
+
+def judge_generator(args, t0: float) -> int:
+    """--generator: part G on the given pipeline, with the planted bugs as controls."""
+    factory = load_generator(args.generator)
+    n = args.samples or (600 if args.quick else 1000)
+    print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
+          f"generator {args.generator}, {n} calls per configuration")
+    rows, controls = part_pipeline(factory, args.generator, args.quick, n, args.seed)
+    notes = ["part G: a random Llama over 16 tokens and two drafts written as Hugging Face "
+             "directories; the law of the next L tokens enumerated with the target alone"]
+    return report(rows, controls, notes, args.plot, t0)
+
+
+def report(rows: list[Row], controls: list[Row], notes: list[str], plot_path: str | None,
+           t0: float) -> int:
+    """Holm over the true rows, the controls judged, the tables printed; 0 = PASS, 1 = FAIL."""
     for r, adj in zip(rows, holm([r.fit.pvalue for r in rows])):
         r.adjusted = adj
         r.passed = adj >= FAMILY_ALPHA
@@ -800,18 +1015,20 @@ def main(argv: list[str] | None = None) -> int:
     judged = judge_controls(controls)
     print(f"\nControls: broken samplers, same tests and sample budget; each must be rejected at "
           f"p < {CONTROL_ALPHA:g} (its smallest p-value times its number of tests, Bonferroni).")
-    print(f"{'part':<4} {'control':<12} {'tests':>5} {'samples':>8}  {'smallest p at':<60} "
+    print(f"{'part':<4} {'control':<15} {'tests':>5} {'samples':>8}  {'smallest p at':<60} "
           f"{'p-value':>8}  verdict")
     for part, bug, m, n, best, p, rejected in judged:
         where = f"{best.config}: {best.test}"
-        print(f"{part:<4} {bug:<12} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
+        print(f"{part:<4} {bug:<15} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
               f"{'rejected' if rejected else 'NOT REJECTED'}")
-    for bug, text in {**BUGS, **BATCH_BUGS}.items():
-        print(f"  {bug}: {text}")
+    judged_bugs = {c.control for c in controls}
+    for bug, text in {**BUGS, **BATCH_BUGS, **PIPELINE_BUGS}.items():
+        if bug in judged_bugs:
+            print(f"  {bug}: {text}")
     for note in notes:
         print(f"Note: {note}")
-    if args.plot:
-        print(plot(rows, args.plot))
+    if plot_path:
+        print(plot(rows, plot_path))
 
     ok_rows = all(r.passed for r in rows)
     ok_controls = all(j[-1] for j in judged)

@@ -1,0 +1,62 @@
+"""Whole generation pipelines behind one signature, for `verify_distribution.py --generator`.
+
+A generator factory takes the two model directories the judge writes, `factory(target_dir,
+draft_dir)`, and returns `generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p,
+seed) -> list[int]` (the new token ids). The judge calls it thousands of times and compares
+the distribution of what comes out with the target's exact law. minispec's own pipelines are
+here; transformers' are in minispec/hf_generators.py (they need torch and transformers):
+
+    python verify_distribution.py --generator minispec.generators:speculative
+    python verify_distribution.py --generator minispec.hf_generators:assisted
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .drafters import make_drafter
+from .loader import load
+from .speculative import autoregressive_generate, speculative_generate
+
+Generate = Callable[..., list]
+GAMMA = 3  # drafts per round of minispec's speculative generators
+
+
+def _speculative(target_dir, draft_dir, drafter: str) -> Generate:
+    target = load(target_dir, device="cpu")
+    draft = load(draft_dir, device="cpu") if drafter == "model" else None
+
+    def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
+        d = make_drafter(drafter, target, draft_model=draft)
+        return speculative_generate(target, d, prompt_ids, gamma=GAMMA,
+                                    max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, seed=seed).tokens
+
+    return generate
+
+
+def speculative(target_dir, draft_dir) -> Generate:
+    """minispec's speculative_generate with the draft model (gamma 3)."""
+    return _speculative(target_dir, draft_dir, "model")
+
+
+def ngram(target_dir, draft_dir) -> Generate:
+    """minispec's speculative_generate with prompt lookup (the draft directory is unused)."""
+    return _speculative(target_dir, draft_dir, "ngram")
+
+
+def early_exit(target_dir, draft_dir) -> Generate:
+    """minispec's speculative_generate with the target's first layers drafting."""
+    return _speculative(target_dir, draft_dir, "early-exit")
+
+
+def autoregressive(target_dir, draft_dir) -> Generate:
+    """minispec's autoregressive_generate: the reference pipeline, no drafts."""
+    target = load(target_dir, device="cpu")
+
+    def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
+        return autoregressive_generate(target, prompt_ids, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_k=top_k, top_p=top_p,
+                                       seed=seed).tokens
+
+    return generate
