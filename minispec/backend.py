@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
@@ -55,6 +56,16 @@ def get_backend(device: str = "auto") -> tuple[ModuleType, str]:
             "(pip install 'minispec[gpu]' on a machine with CUDA 12)"
         )
     return np, "cpu"
+
+
+def memory_bytes(xp) -> int:
+    """The memory of the device `xp` computes on: the GPU's (CuPy), else the machine's RAM."""
+    if xp is not np:
+        return int(xp.cuda.Device().mem_info[1])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound known
+        return 2**63
 
 
 def to_host(a) -> np.ndarray:

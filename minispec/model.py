@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import matmul, to_host
+from .backend import matmul, memory_bytes, to_host
 from .config import ModelConfig
 from .errors import MinispecError
 
@@ -264,12 +264,20 @@ class Model:
         c = self.config
         if max_len is None:
             max_len = min(c.max_position_embeddings, DEFAULT_MAX_CACHE)
-        if not isinstance(max_len, (int, np.integer)) or max_len < 1:
-            raise MinispecError(f"new_cache: max_len must be a positive integer, got {max_len!r}")
+        if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+            raise MinispecError(f"new_cache: max_len must be a positive integer, got "
+                                f"{max_len!r:.40}")
         if max_len > c.max_position_embeddings:
-            raise MinispecError(f"new_cache: max_len {max_len} exceeds the model's context "
-                                f"length (max_position_embeddings={c.max_position_embeddings})")
+            raise MinispecError(f"new_cache: max_len {str(max_len)[:30]} exceeds the model's "
+                                f"context length (max_position_embeddings="
+                                f"{c.max_position_embeddings})")
         shape = (c.n_layers, c.n_kv_heads, int(max_len), c.head_dim)  # [L, K, S_max, E]
+        nbytes = 2 * math.prod(shape) * self.dtype.itemsize  # keys and values
+        if nbytes > memory_bytes(self.xp):
+            raise MinispecError(f"new_cache: a KV cache of {int(max_len)} positions needs "
+                                f"{nbytes / 2**30:.1f} GiB, more than this {self.device} has "
+                                f"({memory_bytes(self.xp) / 2**30:.1f} GiB); ask for fewer "
+                                "positions (max_new_tokens, or new_cache(max_len=...))")
         return KVCache(self.xp.zeros(shape, self.dtype), self.xp.zeros(shape, self.dtype))
 
     # -- the pieces of forward() ----------------------------------------------------------------

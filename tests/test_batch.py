@@ -70,7 +70,7 @@ def test_batched_forward_respects_the_sliding_window():
         np.testing.assert_allclose(to_host(row)[0], m.logits(s)[-1], atol=TOL, rtol=0)
 
 
-# ---- generate_batch: exact, sequence by sequence --------------------------------------------------
+# ---- generate_batch: exact, sequence by sequence ------------------------------------------
 
 
 def reference(prompts, n=20):

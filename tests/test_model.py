@@ -157,3 +157,19 @@ def test_float16_compute_close_to_float32(device):
     b = random_model(c, seed=1, device=device, dtype="float16", scale=0.3).logits(TOKENS)
     assert b.dtype == np.float32
     np.testing.assert_allclose(a, b, atol=5e-2, rtol=0)
+
+
+def test_new_cache_refuses_what_it_cannot_hold():
+    m = _model("llama", "cpu")
+    for bad in (True, 0, -3, 2.5, "8"):
+        with pytest.raises(MinispecError, match="max_len"):
+            m.new_cache(bad)
+    with pytest.raises(MinispecError, match="exceeds the model's context"):
+        m.new_cache(10**400)
+    huge = random_model(tiny_config(max_position_embeddings=10**12), seed=0)
+    with pytest.raises(MinispecError, match="GiB"):
+        huge.new_cache(10**11)
+    # a generation asks only for what its request needs: a 10**12-position context is fine
+    from minispec import autoregressive_generate
+    r = autoregressive_generate(huge, [1, 2, 3], max_new_tokens=4, temperature=0)
+    assert len(r.tokens) == 4
