@@ -28,6 +28,7 @@ rounds already verified).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,8 +103,11 @@ class LoadAwareGamma:
         rate(0)     = B / t_verify(B, 1)                          (speculation off).
 
     alpha is the per-token acceptance accepted / (accepted + rejections) of the rounds so far,
-    started from a prior of `alpha0` worth `prior` tested drafts. The choice depends only on
-    rounds already verified, so the output stays exact.
+    started from a prior of `alpha0` worth `prior` tested drafts. The choice uses an optimistic
+    alpha, one standard error above that estimate: a policy that switched speculation off on a
+    pessimistic prior would never draft again and never learn it was wrong; as drafts are
+    tested the margin shrinks and the choice settles on the measured alpha. The choice depends
+    only on rounds already verified, so the output stays exact.
     """
 
     def __init__(self, costs: BatchCosts, max_gamma: int = 8, alpha0: float = 0.7,
@@ -117,10 +121,17 @@ class LoadAwareGamma:
     def alpha(self) -> float:
         return self.accepted / self.tested
 
-    def rate(self, gamma: int, B: int) -> float:
-        """Expected new tokens per second with this gamma at batch size B."""
+    @property
+    def alpha_optimistic(self) -> float:
+        a = self.alpha
+        return min(a + math.sqrt(a * (1 - a) / self.tested), 1.0)
+
+    def rate(self, gamma: int, B: int, alpha: float | None = None) -> float:
+        """Expected new tokens per second with this gamma at batch size B (at the optimistic
+        alpha unless one is given)."""
         c = self.costs
-        tokens = B * expected_tokens_per_call(min(self.alpha, 1.0), gamma)
+        alpha = self.alpha_optimistic if alpha is None else alpha
+        tokens = B * expected_tokens_per_call(min(alpha, 1.0), gamma)
         return tokens / (gamma * c.t_draft(B) + c.t_verify(B, gamma + 1))
 
     def choose(self, B: int) -> int:

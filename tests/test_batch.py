@@ -181,15 +181,35 @@ def test_load_aware_rate_is_theorem_3_8_for_a_batch():
     policy = LoadAwareGamma(costs, alpha0=0.8, prior=10)
     assert policy.max_gamma == 2  # verify costs measured for up to 3 tokens
     assert policy.rate(0, 1) == pytest.approx(1.0)
-    assert policy.rate(2, 1) == pytest.approx(expected_tokens_per_call(0.8, 2) / (2 * 0.1 + 1.2))
-    assert policy.rate(1, 4) == pytest.approx(4 * 1.8 / (0.2 + 4.0))
+    assert policy.rate(2, 1, alpha=0.8) == pytest.approx(
+        expected_tokens_per_call(0.8, 2) / (2 * 0.1 + 1.2))
+    assert policy.rate(1, 4, alpha=0.8) == pytest.approx(4 * 1.8 / (0.2 + 4.0))
+    # by default the rate is taken at an optimistic alpha, one standard error above the estimate
+    assert policy.alpha_optimistic == pytest.approx(0.8 + (0.8 * 0.2 / 10) ** 0.5)
+    assert policy.rate(1, 1) == pytest.approx(
+        expected_tokens_per_call(policy.alpha_optimistic, 1) / (0.1 + 1.1))
     assert costs.t_verify(2, 2) == pytest.approx(1.1 + 2.9 / 3)  # linear from B = 1 to 4
     assert policy.choose(1) == 2 and policy.choose(4) == 0  # on alone, off when full
     policy.update(4, 0)  # a rejection at the first draft: alpha falls
     assert policy.alpha == pytest.approx(8 / 11)
-    for _ in range(40):
+    for _ in range(100):
         policy.update(4, 0)
     assert policy.choose(1) == 0  # nothing is ever accepted: speculation does not pay
+
+
+def test_load_aware_policy_tries_speculation_before_ruling_it_out():
+    # a pessimistic prior (alpha 0.5) says speculation does not pay at batch 1, but the estimate
+    # rests on 20 imagined drafts: the policy drafts, learns the true alpha (0.9), and keeps on
+    costs = BatchCosts({1: {k: 0.8 + 0.2 * k for k in range(1, 6)}}, {1: 0.1})
+    policy = LoadAwareGamma(costs, alpha0=0.25, prior=20)
+    assert policy.rate(1, 1, alpha=0.25) < policy.rate(0, 1, alpha=0.25)
+    assert policy.choose(1) > 0
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        g = policy.choose(1)
+        kept = rng.random(g) < 0.9  # each draft accepted with probability 0.9
+        policy.update(g, int(np.argmin(kept)) if not kept.all() else g)
+    assert policy.alpha > 0.7 and policy.choose(1) > 1  # the prior (0.25) fades
 
 
 def test_load_aware_generation_follows_its_choices_and_stays_exact():

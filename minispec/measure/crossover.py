@@ -75,7 +75,8 @@ def crossover(target, draft, prompts, *, batch_sizes, gamma: int = 4,
         row["identical"] = all(a.tokens == b.tokens == c.tokens
                                for a, b, c in zip(*(out[m] for m in METHODS)))
         policy = LoadAwareGamma(costs)
-        policy.accepted, policy.tested = row["speculative"]["alpha"], 1.0
+        # the alpha speculative decoding measured, as if known for certain (no optimism)
+        policy.accepted, policy.tested = row["speculative"]["alpha"] * 1e9, 1e9
         row["predicted"] = {"plain": policy.rate(0, B), "speculative": policy.rate(gamma, B),
                             "load_aware_gamma": policy.choose(B)}
         rows.append(row)
