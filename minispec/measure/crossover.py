@@ -215,8 +215,8 @@ def plot(crossover_report: dict | None, serve_report: dict | None, path: str) ->
 # ---- the command line ---------------------------------------------------------------------------
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+def _parser(prog: str, description: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=description,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
     ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
@@ -255,7 +255,8 @@ def _load(args):
 
 def main(argv: list[str] | None = None) -> int:
     """`minispec crossover [options]`."""
-    ap = _parser("minispec crossover")
+    ap = _parser("minispec crossover", "Throughput of plain, speculative and load-aware "
+                 "decoding by batch size: where speculation stops paying, and why.")
     ap.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
     args = ap.parse_args(argv)
@@ -274,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`minispec serve [options]`: the simulated server."""
-    ap = _parser("minispec serve")
+    ap = _parser("minispec serve", "A simulated server: Poisson arrivals, continuous "
+                 "batching, speculation off / on / load-aware; throughput and latency.")
     ap.add_argument("--rates", default="1,4,16,64", help="arrival rates, requests per second")
     ap.add_argument("--requests", type=int, default=32, help="requests per rate and mode")
     ap.add_argument("--slots", type=int, default=16, help="the batch's most sequences")
