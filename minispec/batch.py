@@ -235,6 +235,9 @@ class BatchDecoder:
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=4,
                  verify=minispec_verify, costs: BatchCosts | None = None) -> None:
         drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
+        if drafter.tree:
+            raise MinispecError(f"drafter {drafter.name!r} drafts trees; generate_batch drafts "
+                                "chains only (decode tree drafters one sequence at a time)")
         self.target, self.sampling, self.verify = target, sampling, verify
         self.drafting = drafter.for_batch()
         self.gamma = gamma

@@ -25,7 +25,9 @@ from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, sampled_vocab_siz
 from .errors import MinispecError
 from .model import Model
 from .sampling import Sampling
+from .tree import check_tree, children_of, depths, keep_path, verify_tree
 from .verify import verify
+from .verify import verify as minispec_verify
 
 __all__ = [
     "AutoGamma", "FixedGamma", "GenerationResult", "Request", "Round", "Stats",
@@ -263,6 +265,8 @@ def check_draft(draft, gamma: int, drafter) -> Draft:
                             f"got {type(draft).__name__}")
     tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
     g = tokens.shape[0] if tokens.ndim == 1 else -1
+    if draft.parents is not None:  # a tree: gamma bounds its depth, not its size
+        return check_tree_draft(draft, tokens, q, gamma, drafter)
     if g < 0 or (g and not np.issubdtype(tokens.dtype, np.integer)) or g > gamma:
         raise MinispecError(f"drafter {drafter.name!r}: expected at most {gamma} integer draft "
                             f"tokens [g], got shape {tokens.shape} dtype {tokens.dtype}")
@@ -273,6 +277,20 @@ def check_draft(draft, gamma: int, drafter) -> Draft:
         raise MinispecError(f"drafter {drafter.name!r}: draft token ids must be in 0..{V - 1}, "
                             f"got {tokens.tolist()}")
     return Draft(tokens.astype(np.int64, copy=False), q)
+
+
+def check_tree_draft(draft, tokens, q, gamma: int, drafter) -> Draft:
+    who = f"drafter {drafter.name!r}"
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise MinispecError(f"{who}: tree tokens must be a 1-D integer array, got shape "
+                            f"{tokens.shape} dtype {tokens.dtype}")
+    check_tree(tokens, draft.parents, q, draft.siblings, drafter.vocab_size, who)
+    parents = np.asarray(draft.parents, dtype=np.int64)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= drafter.vocab_size
+                        or depths(parents).max() >= gamma):
+        raise MinispecError(f"{who}: tree tokens must be in 0..{drafter.vocab_size - 1} and "
+                            f"the tree at most gamma = {gamma} deep")
+    return Draft(tokens.astype(np.int64, copy=False), q, parents, draft.siblings)
 
 
 def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
@@ -303,6 +321,9 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
     """
     drafter = as_drafter(target, drafter)
     policy = gamma_policy(gamma, least=0)
+    if drafter.tree and verify is not minispec_verify:
+        raise MinispecError(f"verify: drafter {drafter.name!r} drafts trees, which "
+                            "minispec.tree.verify_tree verifies; a custom verify applies to chains")
     prompt, max_new = check_prompt(target, prompt_ids, request)
     start = time.perf_counter()
     rng = np.random.default_rng(request.seed)
@@ -316,14 +337,20 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
 
     context = list(prompt)
     cache = target.new_cache(len(prompt) + max_new)  # every position this generation can use
+    if drafter.tree:  # room for a tree's nodes after the context (pruned where there is none)
+        cache = target.new_cache(min(len(prompt) + max_new + 64,
+                                     target.config.max_position_embeddings))
     drafter.start(list(prompt), cache)
     label = gamma if isinstance(gamma, (int, str)) else type(policy).__name__
     stats = Stats(drafter=drafter.name, gamma=label)
     while len(context) - len(prompt) < max_new:
         left = max_new - (len(context) - len(prompt))
         g = min(policy.gamma, left - 1)  # a round emits up to g + 1 tokens: stay in the budget
-        r = speculative_round(drafter, context, cache, g, warp, verify, rng,
-                              request.eos_token_ids)
+        if drafter.tree:  # a tree of drafts (minispec/tree.py), verified by verify_tree
+            r = tree_round(drafter, context, cache, g, warp, rng, request.eos_token_ids)
+        else:
+            r = speculative_round(drafter, context, cache, g, warp, verify, rng,
+                                  request.eos_token_ids)
         stats.add(r)
         policy.update(len(r.drafted), r.accepted)
         if on_round is not None:
@@ -335,6 +362,42 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
     tokens = context[len(prompt):]
     stop_reason = "eos" if stats.rounds and stats.rounds[-1].stopped else "length"
     return GenerationResult(tokens=tokens, stop_reason=stop_reason, stats=stats)
+
+
+# ---- a round with a tree of drafts (minispec/tree.py; skip on a first reading) --------------
+
+
+def tree_round(drafter, context: list[int], cache, gamma: int, warp, rng, eos):
+    """speculative_round for a drafter whose `tree` is set: propose a tree, one target call over
+    it (a tree attention mask), verify_tree, keep the accepted path's keys and values."""
+    t0 = time.perf_counter()
+    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter)
+    t1 = time.perf_counter()
+    pos = cache.length
+    prefix = context[pos:]
+    if draft.parents is None:  # a plain chain this round (e.g. nothing to draft)
+        draft.parents = np.arange(len(draft.tokens)) - 1
+    room = cache.max_len - len(context)  # near the cache's end, keep the first nodes only (a
+    if len(draft.tokens) > room:  # prefix of the node list is a tree, each node's proposal intact)
+        draft = Draft(draft.tokens[:room], draft.q[:room], draft.parents[:room], draft.siblings)
+    h = drafter.verify_tree_forward(prefix, draft, cache)  # [m + n, D]
+    m, n, xp = len(prefix), len(draft.tokens), drafter.target.xp
+    rows = np.concatenate([[m - 1], m + np.arange(n)])  # the last context token, then each node
+    p = warp(drafter.target.head(h[xp.asarray(rows)]))  # [n+1, V]
+    path, token = verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    keep_path(cache, path)  # the accepted nodes' keys and values, moved after the context
+    emitted = [int(draft.tokens[i]) for i in path] + [int(token)]
+    stop = next((i for i, t in enumerate(emitted) if t in eos), None)
+    out = emitted if stop is None else emitted[: stop + 1]
+    context += out
+    if stop is None:  # the drafter reads the hidden states of the prefix and the kept path
+        kept = np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)])
+        drafter.accept(context, h[xp.asarray(kept)])
+    leaf = not children_of(draft.parents)[path[-1] if path else -1]
+    return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
+                 kind="bonus" if leaf else "correction", emitted=out, gamma=gamma,
+                 draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
+                 stopped=stop is not None)
 
 
 def as_drafter(target, drafter) -> Drafter:

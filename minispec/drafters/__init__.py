@@ -7,6 +7,8 @@ The contract every drafter follows is in `base.py`. Three drafters ship, chosen 
                   the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
     "early-exit"  EarlyExitDrafter: the target's own first k layers and its head, sharing the
                   target's KV cache (self-speculative decoding; Elhoushi et al. 2024, LayerSkip)
+    "model-tree"  TreeModelDrafter: the second model's top-k candidates at each depth, a tree
+                  verified in one target call (minispec/tree.py)
 """
 
 from __future__ import annotations
@@ -16,23 +18,26 @@ from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_s
 from .early_exit import EarlyExitDrafter, default_exit_layer
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
+from .tree_model import TreeModelDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit")
+DRAFTERS = ("model", "ngram", "early-exit", "model-tree")
 
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EarlyExitDrafter", "ModelDrafter", "NgramDrafter",
-    "NoDrafter", "check_vocabularies", "default_exit_layer", "find_ngram", "make_drafter",
+    "NoDrafter", "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
+    "make_drafter",
     "sampled_vocab_size",
 ]
 
 
-def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None
-                 ) -> Drafter:
+def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
+                 tree=None) -> Drafter:
     """The drafter called `name` ("model" | "ngram" | "early-exit") for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
-    "ngram" looks up the context, max_n 3. exit_layer is ignored by the other two.
+    "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
+    children per depth (default (2, 2, 1, 1)). Options a drafter does not use are ignored.
     """
     if name == "model":
         if draft_model is None:
@@ -40,6 +45,10 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
         return ModelDrafter(target, draft_model)
+    if name == "model-tree":
+        if draft_model is None:
+            raise MinispecError("drafter 'model-tree' needs a draft model (--draft DIR)")
+        return TreeModelDrafter(target, draft_model, *(() if tree is None else (tree,)))
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

@@ -32,6 +32,11 @@ class Draft:
 
     tokens: np.ndarray  # int64 [g]: the draft tokens, in order
     q: np.ndarray  # float64 [g, V]: row i is the (warped) distribution tokens[i] was drawn from
+    # a tree of drafts (minispec/tree.py; a chain leaves these alone): parents[i] < i is node
+    # i's parent, -1 for a child of the context; siblings says how siblings were drawn
+    # ("independent" | "without-replacement" | "deterministic")
+    parents: np.ndarray | None = None
+    siblings: str = "independent"
 
 
 def sampled_vocab_size(target) -> int:
@@ -53,6 +58,7 @@ class Drafter:
     """
 
     name = "drafter"  # a short label for statistics and traces
+    tree = False  # True: propose returns trees (Draft.parents), verified by minispec/tree.py
 
     def __init__(self, target) -> None:
         self.target = target
@@ -85,6 +91,14 @@ class Drafter:
         """
         h = self.target.hidden(tokens, cache)  # [T, D]
         return self.target.head(h[-n_logits:]), h  # [n_logits, V], [T, D]
+
+    def verify_tree_forward(self, prefix: list[int], draft: Draft, cache):
+        """A tree drafter's target call: the context tokens the cache lacks and the tree's
+        nodes, in one call with a tree attention mask -> hidden states [len(prefix) + n, D]
+        (see minispec/tree.py: hidden_tree)."""
+        from ..tree import hidden_tree
+
+        return hidden_tree(self.target, prefix, draft.tokens, draft.parents, cache)
 
     def accept(self, context: list[int], hidden) -> None:
         """Verification is done: `context` now ends with the emitted tokens. hidden [n, D] holds

@@ -1,0 +1,108 @@
+"""A draft model that proposes a tree: its top-k candidates at each depth (minispec/tree.py).
+
+A chain bets everything on one guess per position; when the draft's first choice is wrong its
+second often is not. The tree keeps the draft's k_d most likely tokens at depth d under every
+node of depth d - 1 (shape (k_1, ..., k_depth)), so the target can take whichever branch it
+agrees with, still in one call (SpecInfer, Miao et al. 2024; Medusa's candidate trees).
+
+The candidates are a deterministic function of the context (top-k of the draft's logits), so
+each is verified as a one-hot proposal (siblings="deterministic"): kept with the residual's
+probability of that token, the residual losing it on a rejection. That is exact at every
+temperature; at temperature 0 it is "follow the child equal to the target's argmax".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_host
+from ..errors import MinispecError
+from ..tree import hidden_tree
+from .base import Draft, Drafter, check_vocabularies
+
+
+def tree_size(shape) -> int:
+    """Nodes in a tree where each node of depth d - 1 has shape[d - 1] children."""
+    n, width = 0, 1
+    for k in shape:
+        width *= k
+        n += width
+    return n
+
+
+def check_shape(shape, who: str = "tree") -> tuple[int, ...]:
+    """A tree shape as a tuple of positive ints (at most 64 nodes), or MinispecError."""
+    if isinstance(shape, str):
+        try:
+            shape = [int(k) for k in shape.split(",")]
+        except ValueError:
+            raise MinispecError(f"{who}: expected children per depth like 3,2,1, got "
+                                f"{shape!r:.60}") from None
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise MinispecError(f"{who}: expected a sequence of children per depth, got "
+                            f"{shape!r:.60}") from None
+    if (not shape or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+                             and k >= 1 for k in shape) or tree_size(shape) > 64):
+        raise MinispecError(f"{who}: expected positive children per depth (e.g. 3,2,1) and at "
+                            f"most 64 nodes, got {shape!r:.60}")
+    return tuple(int(k) for k in shape)
+
+
+class TreeModelDrafter(Drafter):
+    """Draft a tree with a smaller model: the top shape[d] tokens under each node of depth d.
+
+    The draft model grows the tree level by level, one call per level, each level's nodes
+    attending to the context and their own ancestors (the same tree mask the target uses).
+    Its cache holds the context; a round's nodes wait in the slots after it and are forgotten.
+    """
+
+    name = "model-tree"
+    tree = True
+
+    def __init__(self, target, model, shape=(2, 2, 1, 1)) -> None:
+        super().__init__(target)
+        check_vocabularies(target, model)
+        self.model, self.shape = model, check_shape(shape)
+        self.cache = None
+
+    def start(self, prompt_ids, cache) -> None:
+        if max(prompt_ids) >= self.model.vocab_size:
+            raise MinispecError(f"prompt_ids: token id {max(prompt_ids)} is outside the "
+                                f"vocabulary of draft {self.model.name!r}")
+        if self.cache is None:
+            self.cache = self.model.new_cache()
+        self.cache.rollback(0)
+        self.calls = 0
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        model, cache = self.model, self.cache
+        levels = self.shape[:gamma]
+        while levels and len(context) + tree_size(levels) > model.config.max_position_embeddings:
+            levels = levels[:-1]  # near the draft's context limit: a shallower tree
+        prefix = context[cache.length:]  # what the target kept since the last round
+        if not levels or max(prefix) >= model.vocab_size:
+            return self.empty_draft()
+        if len(context) + tree_size(levels) > cache.max_len:  # grow (rare): re-read everything
+            self.cache = cache = model.new_cache(min(model.config.max_position_embeddings,
+                                                     2 * (len(context) + tree_size(levels))))
+            prefix = context
+        tokens, parents, q = [], [], []
+        h = hidden_tree(model, prefix, [], [], cache)[-1:]  # [1, D]: after the context
+        frontier = [-1]  # the nodes whose children this level adds
+        for d, k in enumerate(levels):
+            logits = to_host(model.head(h))[:, : self.vocab_size]  # [len(frontier), V]
+            self.calls += 1
+            probs = warp(logits)  # [len(frontier), V]: the draft's distribution after each node
+            first = len(tokens)
+            for row, node in enumerate(frontier):
+                for x in np.argsort(-logits[row], kind="stable")[:k]:  # its top-k tokens
+                    tokens.append(int(x))
+                    parents.append(node)
+                    q.append(probs[row])
+            frontier = list(range(first, len(tokens)))
+            if d + 1 < len(levels):  # the next level needs this level's hidden states
+                h = hidden_tree(model, [], tokens, parents, cache, done=first)
+        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents),
+                     "deterministic")

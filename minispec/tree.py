@@ -1,0 +1,215 @@
+"""Trees of drafts: several candidates per position, scored in one target call, verified
+losslessly. A reader of the chain (speculative.py, verify.py) can skip this file.
+
+A tree draft is n nodes: tokens [n], parents [n] (parents[i] < i is node i's parent, -1 for a
+child of the last context token) and q [n, V], the distribution node i was drawn from. A chain
+is the tree with parents = [-1, 0, 1, ...].
+
+The one target call (`hidden_tree`). The nodes are laid out flat after the context, node i in
+cache slot L + i but at position L + depth(i) (depth 0 for a child of the context); a tree
+attention mask lets node i attend to the context and to its own ancestors only (Miao et al.
+2024, SpecInfer; Cai et al. 2024, Medusa). Row i of the output is then exactly what a plain
+forward pass over context + the path to node i would give at its last position.
+
+Verification (`verify_tree`) walks from the root. At a node whose target distribution is r
+(the row of p after that node), its children are tried in turn; child c, with token x drawn
+from a proposal s_c, is accepted with probability min(1, r(x) / s_c(x)); if it is rejected, r
+becomes norm(max(0, r - s_c)) and the next child is tried; if every child is rejected, the
+final token is drawn from r. An accepted child becomes the current node (r = its row of p); at
+a leaf the final token is the bonus, drawn from its row of p.
+
+Why the output is the target's distribution. One step is the rejection-sampling lemma of
+Leviathan et al. (Theorem 3.1): if x ~ s and is kept with probability min(1, r(x)/s(x)), then
+P(kept, x) = min(r(x), s(x)), and P(rejected) r'(y) with r' = norm(max(0, r - s)) makes up the
+rest: P(emit y) = min(r(y), s(y)) + max(0, r(y) - s(y)) = r(y). Applied again to r' with the
+next sibling, it holds as long as that sibling is a fresh draw from a proposal fixed by what
+came before it (Miao et al. 2024, SpecInfer, Theorem 4.2; Jeon et al. 2024, recursive
+speculative decoding). The three ways minispec's drafters draw siblings give three proposals:
+
+    "independent"           siblings i.i.d. from q[c] (the parent's draft distribution):
+                            s_c = q[c]
+    "without-replacement"   sibling k drawn from q without the tokens of siblings 1..k-1:
+                            s_c = norm(q[c] with those tokens zeroed); a rejected token has
+                            r'(x) = 0, so it never needs proposing again
+    "deterministic"         the candidates are fixed given the context (the draft's top-k):
+                            s_c = one-hot(x), kept with probability r(x)
+
+Descending into an accepted child is exact for the same reason a chain is: its children were
+drawn before any verdict, from the drafter's distribution given the path, independent of the
+uniforms used to judge. On a chain every proposal is "independent" with one child: the walk is
+Algorithm 1 step for step (tests/test_tree.py checks it against `verify`). At temperature 0
+every r and q is one-hot: the walk follows the child equal to the target's argmax, as deep as
+it goes, then emits the target's own token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MinispecError
+from .model import block, causal_mask
+from .sampling import sample
+
+SIBLINGS = ("independent", "without-replacement", "deterministic")
+
+
+def depths(parents) -> np.ndarray:
+    """Depth of each node: 0 for a child of the context, parent's depth + 1 otherwise."""
+    d = np.zeros(len(parents), dtype=np.int64)
+    for i, a in enumerate(parents):
+        d[i] = 0 if a < 0 else d[a] + 1
+    return d
+
+
+def children_of(parents) -> dict[int, list[int]]:
+    """{node: its children in order}, with -1 for the root (the last context token)."""
+    kids: dict[int, list[int]] = {-1: []}
+    for i, a in enumerate(parents):
+        kids.setdefault(int(a), []).append(i)
+        kids.setdefault(i, [])
+    return kids
+
+
+def check_tree(tokens, parents, q, siblings: str, V: int, who: str) -> None:
+    """MinispecError naming `who` unless (tokens, parents, q, siblings) is a valid tree."""
+    n = len(tokens)
+    parents = np.asarray(parents)
+    if parents.shape != (n,) or not np.issubdtype(parents.dtype, np.integer):
+        raise MinispecError(f"{who}: parents must be an integer array [n] = [{n}], got shape "
+                            f"{parents.shape} dtype {parents.dtype}")
+    if n and not all(-1 <= int(a) < i for i, a in enumerate(parents)):
+        raise MinispecError(f"{who}: parents[i] must be -1 or an earlier node (< i), got "
+                            f"{parents.tolist()!r:.200}")
+    if siblings not in SIBLINGS:
+        raise MinispecError(f"{who}: siblings must be one of {' | '.join(SIBLINGS)}, got "
+                            f"{siblings!r:.60}")
+    if np.shape(q) != (n, V):
+        raise MinispecError(f"{who}: q must be [n, V] = [{n}, {V}], got {np.shape(q)}")
+
+
+# ---- the one target call over a tree --------------------------------------------------------
+
+
+def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0):
+    """Feed `prefix` (context tokens the cache lacks, laid out as a chain) and tree nodes
+    tokens[done:] in one call -> the last hidden states h [len(prefix) + n - done, D].
+
+    The cache keeps the prefix (cache.length grows by len(prefix)); the nodes' keys and values
+    wait in the slots after it, node i in slot L + i (L = context length), until `keep_path`
+    keeps the accepted ones. Nodes 0..done-1 must already be in their slots (a drafter growing a
+    tree level by level); then prefix must be empty.
+    """
+    xp, config = model.xp, model.config
+    tokens = np.asarray(tokens, dtype=np.int64)
+    parents = np.asarray(parents, dtype=np.int64)
+    n, m = len(tokens), len(prefix)
+    if done and m:
+        raise MinispecError("hidden_tree: a prefix can only come with the first nodes (done=0)")
+    L = cache.length + m  # the context length once the prefix is in
+    depth = depths(parents)
+    slots = L + np.arange(n)  # [n] where each node's keys and values are written
+    positions = L + depth  # [n] the position each node's token would have in its own sequence
+    if L + n > cache.max_len:
+        raise MinispecError(f"hidden_tree: {L} context positions + {n} tree nodes do not fit "
+                            f"the KV cache (max_len={cache.max_len})")
+    if n and int(positions.max()) >= config.max_position_embeddings:
+        raise MinispecError(f"hidden_tree: the tree reaches position {int(positions.max())}, "
+                            f"past the context length ({config.max_position_embeddings})")
+
+    # the rows fed: the prefix (positions L-m..L-1), then nodes done..n-1
+    pos_fed = np.concatenate([np.arange(L - m, L), positions[done:]])  # [T]
+    ids = np.concatenate([np.asarray(prefix, dtype=np.int64), tokens[done:]])  # [T]
+    if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
+        raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
+    h = model.weights["embed"][xp.asarray(ids)]  # [T] -> [T, D]
+    if model.weights["pos_embed"] is not None:
+        h = h + model.weights["pos_embed"][xp.asarray(pos_fed)]  # + [T, D]
+
+    # the mask [T, S]: the prefix is causal; node i sees the context and its ancestors
+    S = L + n
+    mask = np.zeros((len(ids), S), dtype=bool)
+    mask[:m, :L] = causal_mask(np, L - m, m, L, None)
+    ancestor = np.eye(n, dtype=bool)  # [n, n] ancestor-or-self
+    for i, a in enumerate(parents):
+        if a >= 0:
+            ancestor[i] |= ancestor[a]
+    mask[m:, :L] = True
+    mask[m:, L:] = ancestor[done:]
+    window = config.sliding_window
+    if window is not None:  # key positions: the context's own, then each node's
+        key_pos = np.concatenate([np.arange(L), positions])
+        mask &= (pos_fed[:, None] - key_pos[None, :]) < window
+    rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
+    mask = xp.asarray(mask)
+    first = int(slots[done]) if not m and n > done else L - m  # the first slot written
+    for i in range(model.n_layers):  # block() writes slots first.. and attends over 0..S-1
+        h = block(xp, h, model.weights["layers"][i], config, rot, (cache.k[i], cache.v[i]),
+                  first, mask)  # [T, D] -> [T, D]
+    cache.length = L
+    return h
+
+
+def keep_path(cache, path: list[int]) -> None:
+    """Keep the accepted nodes' keys and values (path: node indices, root to leaf), moved to
+    consecutive positions right after the context; forget every other node."""
+    L = cache.length
+    if path:
+        src = L + np.asarray(path)
+        dst = L + np.arange(len(path))
+        cache.k[:, :, dst] = cache.k[:, :, src]  # the right side is a copy: overlap is safe
+        cache.v[:, :, dst] = cache.v[:, :, src]
+    cache.length = L + len(path)
+
+
+# ---- verification ---------------------------------------------------------------------------
+
+
+def verify_tree(p, q, tokens, parents, siblings: str, rng: np.random.Generator
+                ) -> tuple[list[int], int]:
+    """Walk the tree from the root -> (path: the accepted nodes, root to leaf; token: the
+    correction drawn from the last residual, or the bonus after a leaf).
+
+    p [n+1, V]: row 0 the target's distribution after the context, row i+1 after node i.
+    q [n, V]: the distribution node i was drawn from (its parent's draft distribution).
+    siblings: how siblings were drawn (see the module docstring). Pure: uses only `rng`.
+    """
+    tokens = [int(t) for t in tokens]
+    kids = children_of(parents)
+    path: list[int] = []
+    node = -1
+    while True:
+        r = np.asarray(p[node + 1], dtype=np.float64)  # the target's distribution after node
+        tried: list[int] = []
+        for c in kids[node]:
+            x = tokens[c]
+            s = proposal(q[c], x, tried, siblings)
+            if rng.random() * s[x] < r[x]:  # kept with probability min(1, r(x) / s(x))
+                path.append(c)
+                node = c
+                break
+            r = residual(r, s)
+            tried.append(x)
+        else:  # every child rejected (or a leaf): the target's own token
+            return path, sample(r, rng)
+
+
+def proposal(q_row, x: int, tried: list[int], siblings: str) -> np.ndarray:
+    """The distribution a sibling with token x was drawn from, given the siblings before it."""
+    if siblings == "deterministic":
+        s = np.zeros(len(q_row))
+        s[x] = 1.0
+        return s
+    s = np.asarray(q_row, dtype=np.float64)
+    if siblings == "without-replacement" and tried:
+        s = s.copy()
+        s[tried] = 0.0
+        s /= s.sum()
+    return s
+
+
+def residual(r, s) -> np.ndarray:
+    """norm(max(0, r - s)): what is left of r after a rejection. When s covers r everywhere
+    (r <= s), the rejection had probability 0; r is kept then, as verify() does."""
+    res = np.maximum(r - s, 0.0)
+    total = res.sum()
+    return res / total if total > 0 else r
