@@ -9,21 +9,28 @@ The contract every drafter follows is in `base.py`. Three drafters ship, chosen 
                   target's KV cache (self-speculative decoding; Elhoushi et al. 2024, LayerSkip)
     "model-tree"  TreeModelDrafter: the second model's top-k candidates at each depth, a tree
                   verified in one target call (minispec/tree.py)
+    "medusa"      MedusaDrafter: K heads on the target's last hidden state guess the next K
+                  tokens; their top-k candidates form the tree (Cai et al. 2024, Medusa)
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import MinispecError
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
 from .early_exit import EarlyExitDrafter, default_exit_layer
+from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit", "model-tree")
+DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa")
+SHIPPED_MEDUSA = Path(__file__).resolve().parents[2] / "weights" / "medusa"
 
 __all__ = [
-    "DRAFTERS", "Draft", "Drafter", "EarlyExitDrafter", "ModelDrafter", "NgramDrafter",
+    "DRAFTERS", "Draft", "Drafter", "EarlyExitDrafter", "MedusaDrafter", "ModelDrafter",
+    "NgramDrafter", "load_medusa", "random_medusa",
     "NoDrafter", "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
     "make_drafter",
     "sampled_vocab_size",
@@ -31,13 +38,15 @@ __all__ = [
 
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
-                 tree=None) -> Drafter:
+                 tree=None, medusa_dir=None) -> Drafter:
     """The drafter called `name` ("model" | "ngram" | "early-exit") for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
     "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
-    children per depth (default (2, 2, 1, 1)). Options a drafter does not use are ignored.
+    children per depth (default (2, 2, 1, 1)); "medusa" loads heads from medusa_dir (default:
+    the shipped weights/medusa, trained for the shipped target) and takes tree (default
+    (1, 1, 1, 1)). Options a drafter does not use are ignored.
     """
     if name == "model":
         if draft_model is None:
@@ -49,6 +58,9 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
         if draft_model is None:
             raise MinispecError("drafter 'model-tree' needs a draft model (--draft DIR)")
         return TreeModelDrafter(target, draft_model, *(() if tree is None else (tree,)))
+    if name == "medusa":
+        return load_medusa(SHIPPED_MEDUSA if medusa_dir is None else medusa_dir, target,
+                           *(() if tree is None else (tree,)))
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

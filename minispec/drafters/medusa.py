@@ -1,0 +1,145 @@
+"""Medusa heads: the target drafts for itself from its own last hidden state (Cai et al. 2024).
+
+Head k (k = 1..K) reads the target's last hidden state h at the position that produced the last
+context token and guesses the token k positions after it; the target's own final norm and LM
+head turn its output into logits (Medusa-1: one residual block per head):
+
+    logits_k = head(h + SiLU(W_k h + b_k))            (head = the target's norm + LM head)
+
+So drafting costs K small matmuls and no extra model: h comes from the previous verify call
+(`accept` receives it), which is why the first round of a generation drafts nothing.
+
+The heads guess each position independently of the others' guesses, and a guess at depth k is
+often the second or third choice: Medusa drafts a tree, the top shape[k-1] tokens of head k
+under every node of depth k - 1, verified in one target call (minispec/tree.py). Candidates
+chosen by top-k are a deterministic function of the context, so each is verified as a one-hot
+proposal (siblings="deterministic"), which keeps the output exactly the target's at every
+temperature. (Medusa's own "typical acceptance" trades that exactness for speed; not here.)
+
+Files (`weights/medusa`, made by `weights/train_medusa.py`): config.json with
+"medusa_num_heads" and "hidden_size", and model.safetensors with medusa_head.{k}.weight
+[D, D] (out x in) and medusa_head.{k}.bias [D], k = 0..K-1 (head k + 1 above).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import to_host
+from ..errors import MinispecError
+from ..model import silu
+from ..safetensors import SafetensorsFile
+from .base import Draft, Drafter
+from .tree_model import check_shape
+
+
+class MedusaDrafter(Drafter):
+    """Draft a tree from K Medusa heads on the target's last hidden state.
+
+    heads: K pairs (W [D, D] out x in, b [D]) as host or device arrays. shape: the children per
+    depth, at most K deep; default (1,) * K, a chain of each head's top token.
+    """
+
+    name = "medusa"
+    tree = True
+
+    def __init__(self, target, heads, shape=None) -> None:
+        super().__init__(target)
+        xp, D = target.xp, target.config.hidden_size
+        self.heads = []
+        for k, (w, b) in enumerate(heads):
+            if np.shape(w) != (D, D) or np.shape(b) != (D,):
+                raise MinispecError(f"medusa head {k}: expected weight [{D}, {D}] and bias [{D}] "
+                                    f"for a target of width {D}, got {np.shape(w)} and "
+                                    f"{np.shape(b)}")
+            self.heads.append((xp.asarray(np.asarray(to_host(w), dtype=target.dtype).T.copy()),
+                               xp.asarray(np.asarray(to_host(b), dtype=target.dtype))))
+        if not self.heads:
+            raise MinispecError("medusa: expected at least one head")
+        self.shape = check_shape((1,) * len(self.heads) if shape is None else shape,
+                                 "medusa tree")
+        if len(self.shape) > len(self.heads):
+            raise MinispecError(f"medusa tree: {len(self.shape)} levels asked for, but only "
+                                f"{len(self.heads)} heads")
+        self.h, self.seen = None, 0  # the last hidden state, and the context length it is for
+
+    def start(self, prompt_ids, cache) -> None:
+        self.calls, self.h, self.seen = 0, None, 0
+
+    def accept(self, context, hidden) -> None:
+        """Keep the hidden state that produced the last context token: the heads read it."""
+        self.h, self.seen = hidden[-1], len(context)
+
+    def guesses(self):
+        """Each head's logits from the last hidden state -> [K, V] (host)."""
+        xp, h = self.target.xp, self.h
+        z = xp.stack([h + silu(xp, h @ w + b) for w, b in self.heads])  # [K, D]
+        return to_host(self.target.head(z))[:, : self.vocab_size]  # [K, V]
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        levels = self.shape[:gamma]
+        if self.h is None or self.seen != len(context) or not levels:
+            return self.empty_draft()  # first round: no hidden state yet
+        logits = self.guesses()
+        probs = warp(logits)  # [K, V]: each head's distribution
+        tokens, parents, q = [], [], []
+        frontier = [-1]
+        for d, k in enumerate(levels):
+            top = np.argsort(-logits[d], kind="stable")[:k]  # head d+1's k best tokens
+            first = len(tokens)
+            for node in frontier:
+                for x in top:
+                    tokens.append(int(x))
+                    parents.append(node)
+                    q.append(probs[d])
+            frontier = list(range(first, len(tokens)))
+        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents),
+                     "deterministic")
+
+
+def load_medusa(path, target, shape=None) -> MedusaDrafter:
+    """Medusa heads from a directory (config.json + model.safetensors) for `target`."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not path.is_dir() or not cfg_file.is_file():
+        raise MinispecError(f"{path}: not a Medusa heads directory (expected config.json and "
+                            "model.safetensors)")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise MinispecError(f"{cfg_file}: not valid JSON ({str(e)[:100]})") from None
+    K, D = cfg.get("medusa_num_heads") if isinstance(cfg, dict) else None, None
+    if isinstance(cfg, dict):
+        D = cfg.get("hidden_size")
+    for name, value in (("medusa_num_heads", K), ("hidden_size", D)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
+            raise MinispecError(f"{cfg_file}: field {name!r} should be a positive integer, got "
+                                f"{value!r:.60}")
+    if K > 16 or D != target.config.hidden_size:
+        raise MinispecError(f"{cfg_file}: expected at most 16 heads of width "
+                            f"{target.config.hidden_size} (the target's), got {K} of {D}")
+    st = SafetensorsFile(path / "model.safetensors")
+    heads = []
+    for k in range(K):
+        w, b = f"medusa_head.{k}.weight", f"medusa_head.{k}.bias"
+        for name in (w, b):
+            if name not in st:
+                raise MinispecError(f"{path / 'model.safetensors'}: tensor {name!r} is missing")
+        heads.append((st.get(w).astype(np.float32), st.get(b).astype(np.float32)))
+    for k, (w, b) in enumerate(heads):
+        if not (np.isfinite(w).all() and np.isfinite(b).all()):
+            raise MinispecError(f"{path / 'model.safetensors'}: medusa head {k} holds NaN or "
+                                "infinite values")
+    return MedusaDrafter(target, heads, shape)
+
+
+def random_medusa(target, n_heads: int = 4, *, seed: int = 0, scale: float = 0.1,
+                  shape=None) -> MedusaDrafter:
+    """Random heads (for tests): not trained, but every code path runs."""
+    rng = np.random.default_rng(seed)
+    D = target.config.hidden_size
+    heads = [(rng.normal(0, scale, (D, D)), rng.normal(0, scale, D)) for _ in range(n_heads)]
+    return MedusaDrafter(target, heads, shape)
