@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend import set_blas_threads
+from .drafters import DRAFTERS
+from .drafters.tree_model import check_shape
 from .errors import MinispecError
 from .sampling import Sampling
 
@@ -28,7 +30,7 @@ HELP = """commands:
   /top_k N        0 is off
   /top_p X        1 is off
   /length N       max new tokens
-  /drafter NAME   model | ngram | early-exit
+  /drafter NAME   model | ngram | early-exit | model-tree | medusa
   /speculative    toggle speculative / plain autoregressive decoding
   /trace          toggle the per-round trace
   /help           this text
@@ -47,6 +49,7 @@ class Settings:
     trace: bool = False
     drafter: str = "model"
     exit_layer: int | None = None
+    tree: tuple[int, ...] | None = None  # children per depth, for model-tree and medusa
 
 
 def shipped_pair() -> tuple[Path, Path]:
@@ -65,10 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="target model directory (HF layout)")
     ap.add_argument("--draft", type=Path, default=None,
                     help=f"draft model directory (default {draft} with the shipped target)")
-    ap.add_argument("--drafter", choices=["model", "ngram", "early-exit"], default="model",
-                    help="what proposes the drafts")
+    ap.add_argument("--drafter", choices=list(DRAFTERS), default="model",
+                    help="what proposes the drafts (model-tree and medusa draft trees)")
     ap.add_argument("--exit-layer", type=int, default=None,
                     help="layers of the target the early-exit drafter runs (default: a quarter)")
+    ap.add_argument("--tree", default=None, metavar="K1,K2,...",
+                    help="children per depth of a tree drafter's tree, e.g. 3,2,1,1 (default: "
+                    "2,2,1,1 for model-tree, 1,1,1,1 for medusa)")
     ap.add_argument("--prompt", default=None, help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -112,7 +118,7 @@ class Session:
         if self.target.tokenizer is None:
             raise MinispecError(f"{args.target}: no tokenizer.json, so the CLI cannot encode text")
         draft_dir = args.draft
-        if draft_dir is None and args.drafter == "model":
+        if draft_dir is None and args.drafter in ("model", "model-tree"):
             if args.target.resolve() != shipped_pair()[0].resolve():
                 raise MinispecError("--draft: give a draft model directory for this --target "
                                     "(or use --drafter ngram | early-exit)")
@@ -124,13 +130,14 @@ class Session:
             sampling=Sampling(args.temperature, args.top_k, args.top_p),
             max_new_tokens=args.max_new_tokens, seed=args.seed, trace=args.trace,
             drafter=args.drafter, exit_layer=args.exit_layer,
+            tree=None if args.tree is None else check_shape(args.tree, "--tree"),
         )
         self.color = sys.stdout.isatty() and not args.no_color
 
     def drafter(self):
         s = self.settings
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
-                                 exit_layer=s.exit_layer)
+                                 exit_layer=s.exit_layer, tree=s.tree)
 
     def generate(self, prompt: str, speculative: bool):
         from .drafters import NoDrafter
