@@ -23,6 +23,12 @@ Conditioning on n_i is valid because whether index i is reached depends only on 
 Part 2, end to end: tiny random draft and target models; the exact law of the next L tokens,
 enumerated with the target alone (Model.logits over every prefix, then warp), against the
 histogram of speculative_generate(..., max_new_tokens=L) over many seeds.
+Part T, trees of drafts (minispec/tree.py): verify_tree alone, on trees of several shapes whose
+siblings are drawn i.i.d., without replacement, or as top-k candidates, from near, far and
+disjoint drafts of a synthetic target (a fixed random row for every prefix), rounds repeated
+until L tokens are out; and the tree drafters (model-tree, Medusa heads) end to end as in part 2.
+Its controls patch one line of minispec.tree each (the residual not updated after a rejected
+sibling; siblings drawn without replacement verified as i.i.d.; top-k verified as sampled).
 Part 3, the shipped pair in weights/ (target and draft), with top-k small enough to enumerate.
 Part 4, controls: Algorithm 1 written out below with one line broken each (residual replaced by
 p, bonus token dropped, acceptance min(1, q/p)), and a drafter that draws from the unwarped draft
@@ -645,6 +651,162 @@ def part2_batch(seed: int, quick: bool, n: int) -> tuple[list[Row], list[Row]]:
     return [true], [control]
 
 
+# ------------------------------------------------ part T: trees of drafts (minispec/tree.py)
+
+# verify_tree alone: a synthetic target f(prefix) (a fixed random row for every prefix of up to
+# L tokens over V = 5), trees drawn from a draft g(prefix) in each way minispec's drafters draw
+# siblings, rounds repeated until L tokens are out; the law of those L tokens is exact.
+TREE_V, TREE_L = 5, 3
+
+
+@dataclass
+class TreeCase:
+    shape: tuple[int, ...]  # children per depth
+    siblings: str  # "independent" | "without-replacement" | "deterministic"
+    draft: str  # "near" (g close to f), "far" (random), "disjoint" (g's mass where f has none)
+
+    @property
+    def name(self) -> str:
+        return f"tree {','.join(map(str, self.shape))} {self.siblings}, {self.draft} draft"
+
+
+TREE_FULL = [TreeCase((3,), "independent", "far"), TreeCase((2, 2), "independent", "near"),
+             TreeCase((3, 1, 1), "independent", "disjoint"),
+             TreeCase((3,), "without-replacement", "far"),
+             TreeCase((2, 2, 1), "without-replacement", "near"),
+             TreeCase((3, 2), "deterministic", "near"), TreeCase((2, 1, 1), "deterministic", "far"),
+             TreeCase((1, 1, 1), "independent", "near")]  # a chain
+TREE_QUICK = [TreeCase((2, 2), "independent", "near"),
+              TreeCase((3, 2), "without-replacement", "near"),
+              TreeCase((3, 2), "deterministic", "near")]
+TREE_BUGS = {  # each a one-line change to minispec.tree, patched in for the control's draws
+    "tree residual": ("after a rejected sibling the next is tested against the same, un-updated "
+                      "target row (residual not updated)", "residual", lambda r, s: r),
+    "proposal not renormalized": ("siblings drawn without replacement, verified as if drawn "
+                                  "i.i.d. from q", "proposal", "independent"),
+    "top-k as sampled": ("deterministic top-k candidates verified as if sampled from q",
+                         "proposal", "independent"),
+}
+TREE_CONTROL_CASES = {"tree residual": TreeCase((3,), "independent", "near"),
+                      "proposal not renormalized": TreeCase((3,), "without-replacement", "near"),
+                      "top-k as sampled": TreeCase((3,), "deterministic", "near")}
+
+
+def tree_rows(prefix: tuple[int, ...], who: str, draft: str = "near") -> np.ndarray:
+    """f(prefix) (who="target") or g(prefix) (who="draft"): a fixed row for every prefix."""
+    rng = rng_for(CASES_SEED, "tree", who, draft, *map(str, prefix))
+    f = normalize(np.exp(1.5 * rng_for(CASES_SEED, "tree", "target", *map(str, prefix))
+                         .normal(size=TREE_V)))
+    if who == "target":
+        return f
+    if draft == "near":
+        return normalize(f * np.exp(0.6 * rng.normal(size=TREE_V)))
+    if draft == "disjoint":  # most of g's mass on the token f likes least
+        g = normalize(0.05 + f)
+        g[np.argmin(f)] += 3.0
+        return normalize(g)
+    return normalize(np.exp(1.5 * rng.normal(size=TREE_V)))
+
+
+def draw_tree(case: TreeCase, prefix: tuple[int, ...], rng: np.random.Generator):
+    """One tree after `prefix`: tokens, parents, q, and p (the target's row after the prefix and
+    after each node)."""
+    tokens, parents, q = [], [], []
+    frontier = [(-1, prefix)]
+    for k in case.shape[: TREE_L - len(prefix)]:
+        nxt = []
+        for node, pre in frontier:
+            g = tree_rows(pre, "draft", case.draft)
+            if case.siblings == "deterministic":
+                kids = np.argsort(-g, kind="stable")[:k]
+            else:
+                kids = rng.choice(TREE_V, size=min(k, int((g > 0).sum())), p=g,
+                                  replace=case.siblings == "independent")
+            for x in kids:
+                tokens.append(int(x))
+                parents.append(node)
+                q.append(g)
+                nxt.append((len(tokens) - 1, pre + (int(x),)))
+        frontier = nxt
+    paths = {-1: prefix}
+    for i, (x, a) in enumerate(zip(tokens, parents)):
+        paths[i] = paths[a] + (x,)
+    p = np.array([tree_rows(paths[i][:TREE_L], "target") for i in range(-1, len(tokens))])
+    return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64), \
+        np.array(q).reshape(len(tokens), TREE_V), p
+
+
+def tree_law() -> dict[tuple[int, ...], float]:
+    law = {(): 1.0}
+    for _ in range(TREE_L):
+        law = {pre + (x,): pr * float(tree_rows(pre, "target")[x])
+               for pre, pr in law.items() for x in range(TREE_V)}
+    return law
+
+
+def sample_trees(case: TreeCase, n: int, seed: int, label: str) -> list[tuple[int, ...]]:
+    from minispec.tree import verify_tree
+
+    rng = rng_for(seed, "tree", label, case.name)
+    out = []
+    for _ in range(n):
+        seq: tuple[int, ...] = ()
+        while len(seq) < TREE_L:
+            tokens, parents, q, p = draw_tree(case, seq, rng)
+            path, token = verify_tree(p, q, tokens, parents, case.siblings, rng)
+            seq += tuple(int(tokens[i]) for i in path) + (int(token),)
+        out.append(seq[:TREE_L])
+    return out
+
+
+def part_tree(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list[Row], list[Row]]:
+    """verify_tree alone against the exact law, and its controls (minispec.tree patched)."""
+    import minispec.tree as tree
+
+    law = tree_law()
+    rows = [joint_row("T", case.name, law, sample_trees(case, n, seed, "true"))
+            for case in (TREE_QUICK if quick else TREE_FULL)]
+    controls = []
+    for bug, (_, attr, change) in TREE_BUGS.items() if with_controls else ():
+        case = TREE_CONTROL_CASES[bug]
+        original = getattr(tree, attr)
+        if attr == "proposal":
+            def change(q_row, x, tried, siblings, _orig=original, _as=change):
+                return _orig(q_row, x, tried, _as)
+        setattr(tree, attr, change)
+        try:
+            controls.append(joint_row("T", case.name, law, sample_trees(case, n, seed, bug), bug))
+        finally:
+            setattr(tree, attr, original)
+    return rows, controls
+
+
+# tree drafters end to end on the tiny target: the model-tree drafter over the near draft, and
+# Medusa heads (random: the tiny target has none trained; exactness does not depend on quality)
+E2E_TREE = [E2E(1.0, gamma=3, L=3), E2E(0.6, top_k=6, gamma=3, L=3),
+            E2E(1.2, top_p=0.9, gamma=2, L=3)]
+
+
+def part2_trees(seed: int, quick: bool, n: int) -> list[Row]:
+    from minispec.drafters import TreeModelDrafter, random_medusa
+
+    models = tiny_models()
+    target = models["target"]
+    drafters = {"model-tree 2,2,1": TreeModelDrafter(target, models["near"], (2, 2, 1)),
+                "medusa 3,2,1": random_medusa(target, 3, seed=1, scale=0.3, shape=(3, 2, 1))}
+    rows = []
+    for label, drafter in drafters.items():
+        for cfg in E2E_TREE[1:2] if quick else E2E_TREE:
+            law = exact_joint(target, TINY_PROMPT, cfg)
+            samples = sample_e2e(target, drafter, TINY_PROMPT, cfg, n, seed, label)
+            rows.append(joint_row("2", f"{cfg.name}, {label}", law, samples))
+        greedy = E2E_GREEDY
+        rows.append(joint_row("2", f"{greedy.name}, {label}", exact_joint(target, TINY_PROMPT,
+                                                                          greedy),
+                              sample_e2e(target, drafter, TINY_PROMPT, greedy, 40, seed, label)))
+    return rows
+
+
 SHIPPED = E2E(1.0, top_k=3, gamma=3, L=2)
 
 
@@ -945,6 +1107,7 @@ def main(argv: list[str] | None = None) -> int:
     n_tokens = 5000 if args.quick else 20000  # part 1, per configuration and sampler
     n_e2e = 800 if args.quick else 2000  # part 2, per configuration and sampler
     n_shipped = 600  # part 3: a sample costs a few calls of the 5-layer target
+    n_tree = 2000 if args.quick else 6000  # part T: L-token samples per tree configuration
 
     from minispec.verify import verify as minispec_verify
 
@@ -971,6 +1134,9 @@ def main(argv: list[str] | None = None) -> int:
         batch_rows, batch_controls = part2_batch(args.seed, args.quick, n_e2e)
         rows += batch_rows
         controls += batch_controls
+        tree_rows_, tree_controls = part_tree(args.seed, args.quick, n_tree, with_controls=True)
+        rows += tree_rows_ + part2_trees(args.seed, args.quick, n_e2e)
+        controls += tree_controls
         if args.quick:
             notes.append("part 3 skipped in --quick")
         else:
@@ -1022,7 +1188,8 @@ def report(rows: list[Row], controls: list[Row], notes: list[str], plot_path: st
         print(f"{part:<4} {bug:<15} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
               f"{'rejected' if rejected else 'NOT REJECTED'}")
     judged_bugs = {c.control for c in controls}
-    for bug, text in {**BUGS, **BATCH_BUGS, **PIPELINE_BUGS}.items():
+    tree_bugs = {bug: text for bug, (text, _, _) in TREE_BUGS.items()}
+    for bug, text in {**BUGS, **BATCH_BUGS, **PIPELINE_BUGS, **tree_bugs}.items():
         if bug in judged_bugs:
             print(f"  {bug}: {text}")
     for note in notes:
