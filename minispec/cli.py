@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="minispec",
         description="Speculative decoding from scratch (NumPy/CuPy). "
-        "Subcommands: `minispec bench -h`, `minispec sweep -h`.",
+        "Subcommands: `minispec bench -h`, `minispec sweep -h`, `minispec drafters -h`, "
+        "`minispec crossover -h`, `minispec serve -h`.",
     )
     target, draft = shipped_pair()
     ap.add_argument("--target", type=Path, default=target,
@@ -293,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import sweep
 
             return sweep.main(argv[1:])
+        if argv and argv[0] == "drafters":
+            from .measure import drafters
+
+            return drafters.main(argv[1:])
         if argv and argv[0] in ("crossover", "serve"):
             from .measure import crossover
 

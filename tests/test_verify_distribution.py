@@ -38,9 +38,12 @@ def test_quick_run_passes_with_every_row():
     for test in ("tokens by index", "next token | token", "tokens/round", "joint of"):
         assert test in out
     assert "L=3, near" in out and "T=0 g=3 L=4" in out
+    for tree in ("without-replacement", "deterministic", "model-tree 2,2,1", "medusa 3,2,1"):
+        assert tree in out  # the tree rows: verify_tree alone, the tree drafters end to end
     for part, bug in [("1", "residual=p"), ("1", "no bonus"), ("1", "accept q/p"),
                       ("1", "unwarped q"), ("2", "residual=p"), ("2", "accept q/p"),
-                      ("2", "unwarped q")]:
+                      ("2", "unwarped q"), ("T", "tree residual"),
+                      ("T", "proposal not renormalized"), ("T", "top-k as sampled")]:
         line = next(x for x in out.splitlines() if x.startswith(f"{part:<4} {bug:<15}"))
         assert line.endswith("rejected") and "NOT" not in line, line
     assert "Holm over the" in out and "Kolmogorov-Smirnov" in out

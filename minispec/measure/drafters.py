@@ -1,0 +1,197 @@
+"""`minispec drafters`: every drafter side by side on the held-out prompts, in one run.
+
+    minispec drafters                               # T = 0 and T = 1, the shipped models
+    minispec drafters --temperatures 0 --num-prompts 20 --json
+
+For each temperature every method decodes the same prompts, methods interleaved pass by pass
+(harness.time_methods, the one timing harness), after a warm-up: autoregressive decoding, then
+each drafter of DRAFTER_ROWS. Per method: tokens per target call, drafts accepted per round,
+the cost of a round (draft + verify seconds per target call), tokens per second and the speedup
+over autoregressive decoding; at T = 0, whether the output is autoregressive decoding's, token
+for token. Then the tree's price: one target call over a tree of n nodes (tree attention mask)
+against one over a chain of the same depth, and against a one-token step.
+
+Adding a drafter to the table is one line in DRAFTER_ROWS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import blas_threads
+from ..drafters import NoDrafter, make_drafter
+from ..drafters.tree_model import tree_size
+from ..errors import MinispecError
+from ..sampling import Sampling
+from ..speculative import Request, generate
+from ..tree import hidden_tree
+from . import harness
+
+SHIPPED = Path(__file__).resolve().parents[2] / "weights"
+
+# (label, make(target, draft model) -> drafter): one line per drafter
+DRAFTER_ROWS = [
+    ("model (chain)", lambda t, d: make_drafter("model", t, draft_model=d)),
+    ("model-tree 2,2,1,1", lambda t, d: make_drafter("model-tree", t, draft_model=d)),
+    ("model-tree 3,2,1,1", lambda t, d: make_drafter("model-tree", t, draft_model=d,
+                                                     tree=(3, 2, 1, 1))),
+    ("ngram", lambda t, d: make_drafter("ngram", t)),
+    ("early-exit", lambda t, d: make_drafter("early-exit", t)),
+    ("medusa 1,1,1,1", lambda t, d: make_drafter("medusa", t, tree=(1, 1, 1, 1))),
+    ("medusa 2,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(2, 2, 1, 1))),
+    ("medusa 3,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(3, 2, 1, 1))),
+]
+TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2, 1)]
+
+
+def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = 4,
+                 max_new_tokens: int = 64, repeats: int = 1, seed: int = 0,
+                 rows=DRAFTER_ROWS) -> list[dict]:
+    """One dict per method (autoregressive first) for one temperature."""
+    sampling = Sampling(temperature)
+    request = Request(max_new_tokens, harness.benchmark_eos(target), seed)
+    drafters = {"autoregressive": NoDrafter(target)}
+    drafters.update((label, make(target, draft)) for label, make in rows)
+
+    def method(drafter, g):
+        return lambda ids: generate(target, drafter, ids, sampling, request, gamma=g)
+
+    methods = {name: method(d, 0 if name == "autoregressive" else gamma)
+               for name, d in drafters.items()}
+    timed = harness.time_methods(methods, prompts, repeats)
+    base = timed["autoregressive"]
+    out = []
+    for name, m in timed.items():
+        st = m["stats"]
+        rounds = [rd for r in m["results"] for rd in r.stats.rounds]
+        out.append({
+            "method": name, "tokens_per_second": m["tokens_per_second"],
+            "speedup": m["tokens_per_second"] / base["tokens_per_second"],
+            "tokens_per_target_call": st["new_tokens"] / st["target_calls"],
+            "accepted_per_round": float(np.mean([rd.accepted for rd in rounds])),
+            "drafted_per_round": float(np.mean([len(rd.drafted) for rd in rounds])),
+            "ms_per_round": 1e3 * (st["draft_seconds"] + st["verify_seconds"])
+            / st["target_calls"],
+            "identical": m["outputs"] == base["outputs"] if temperature == 0 else None})
+    return out
+
+
+def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20) -> list[dict]:
+    """Seconds of one target call over a tree of each shape (plus the last context token),
+    over a chain of the same depth, and over one token, on a cache of `context` positions."""
+    ids = (np.arange(context) % min(target.vocab_size, 256)).tolist()
+
+    def tree_of(shape):
+        parents, frontier = [], [-1]
+        for k in shape:
+            nxt = []
+            for node in frontier:
+                for _ in range(k):
+                    parents.append(node)
+                    nxt.append(len(parents) - 1)
+            frontier = nxt
+        return np.array(parents)
+
+    trees = {shape: tree_of(shape) for shape in shapes}
+    chains = {len(s): np.arange(len(s)) - 1 for s in shapes}
+    cases = [("one token", np.array([], dtype=np.int64))]
+    cases += [(f"chain {d}", p) for d, p in chains.items()]
+    cases += [(",".join(map(str, s)), p) for s, p in trees.items()]
+    cache = target.new_cache(context + 1 + max(len(p) for _, p in cases))
+    target.hidden(ids[:-1], cache)
+    times: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for i in range(repeats + 2):  # round-robin, the first two passes untimed
+        for name, parents in cases:
+            t0 = time.perf_counter()
+            h = hidden_tree(target, ids[-1:], np.full(len(parents), 5), parents, cache)
+            target.head(h)
+            cache.rollback(context - 1)
+            if i >= 2:
+                times[name].append(time.perf_counter() - t0)
+    t1 = harness.median(times["one token"])
+    out = []
+    for s in shapes:
+        name = ",".join(map(str, s))
+        t_tree, t_chain = harness.median(times[name]), harness.median(times[f"chain {len(s)}"])
+        out.append({"shape": name, "nodes": tree_size(s), "depth": len(s),
+                    "tree_over_one_token": t_tree / t1, "chain_over_one_token": t_chain / t1,
+                    "tree_over_chain": t_tree / t_chain})
+    return out
+
+
+def format_report(report: dict) -> str:
+    s = report["settings"]
+    lines = [f"every drafter on {s['prompts']} held-out prompts x {s['max_new_tokens']} new "
+             f"tokens, gamma (tree depth) {s['gamma']}, {s['repeats']} timed pass(es), "
+             f"methods interleaved"]
+    for temp, rows in report["by_temperature"].items():
+        lines.append(f"\nT = {temp}")
+        lines.append(f"{'method':<20} {'tok/call':>8} {'acc/rnd':>8} {'nodes':>6} "
+                     f"{'ms/rnd':>7} {'tok/s':>7} {'speedup':>8}" + ("  identical"
+                                                                    if temp == "0" else ""))
+        for r in rows:
+            ident = ("" if r["identical"] is None
+                     else "  yes" if r["identical"] else "  NO")
+            lines.append(f"{r['method']:<20} {r['tokens_per_target_call']:>8.2f} "
+                         f"{r['accepted_per_round']:>8.2f} {r['drafted_per_round']:>6.1f} "
+                         f"{r['ms_per_round']:>7.2f} {r['tokens_per_second']:>7.1f} "
+                         f"{r['speedup']:>7.2f}x{ident}")
+    lines.append("\nthe tree's price: one target call over n nodes (+ the last context token), "
+                 "over one token and over a chain of the same depth")
+    lines.append(f"{'shape':<10} {'nodes':>5} {'tree/1':>7} {'chain/1':>8} {'tree/chain':>10}")
+    for r in report["tree_costs"]:
+        lines.append(f"{r['shape']:<10} {r['nodes']:>5} {r['tree_over_one_token']:>7.2f} "
+                     f"{r['chain_over_one_token']:>8.2f} {r['tree_over_chain']:>10.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`minispec drafters [options]`."""
+    ap = argparse.ArgumentParser(
+        prog="minispec drafters", description="Every drafter side by side on the held-out "
+        "prompts: tokens per target call, cost per round, speedup; a tree's verify cost.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
+    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
+    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
+                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--num-prompts", type=int, default=10, help="prompts used")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
+    ap.add_argument("--gamma", type=int, default=4, help="chain length / tree depth")
+    ap.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
+    ap.add_argument("--repeats", type=int, default=1, help="timed passes (median)")
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = ap.parse_args(argv)
+    from ..loader import load
+
+    try:
+        temps = [float(t) for t in args.temperatures.split(",")]
+    except ValueError:
+        print(f"minispec drafters: error: --temperatures: expected numbers like 0,1, got "
+              f"{args.temperatures!r}", file=sys.stderr)
+        return 2
+    try:
+        with blas_threads(args.threads):
+            target, draft = load(args.target, device="cpu"), load(args.draft, device="cpu")
+            texts = harness.load_prompts(args.prompts, args.num_prompts)
+            prompts = harness.encode_prompts(texts, target.tokenizer)
+            report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                                   "gamma": args.gamma, "repeats": args.repeats},
+                      "by_temperature": {
+                          f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
+                                                 gamma=args.gamma, repeats=args.repeats,
+                                                 max_new_tokens=args.max_new_tokens)
+                          for t in temps},
+                      "tree_costs": tree_costs(target)}
+    except MinispecError as e:
+        print(f"minispec drafters: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,35 @@
+"""`minispec drafters` (minispec/measure/drafters.py): the side-by-side table's counts are the
+generations' own, greedy rows are checked against autoregressive decoding, the tree cost runs."""
+
+from conftest import tiny_config
+
+from minispec.drafters import TreeModelDrafter, make_drafter, random_medusa
+from minispec.loader import random_model
+from minispec.measure.drafters import format_report, side_by_side, tree_costs
+
+TARGET = random_model(tiny_config(), seed=0, scale=0.5)
+DRAFT = random_model(tiny_config(n_layers=1), seed=0, scale=0.4)
+ROWS = [("model", lambda t, d: make_drafter("model", t, draft_model=d)),
+        ("model-tree 2,1", lambda t, d: TreeModelDrafter(t, d, (2, 1))),
+        ("medusa", lambda t, d: random_medusa(t, 2, seed=1, scale=0.3))]
+
+
+def test_side_by_side_reports_each_drafter_against_autoregressive_decoding():
+    prompts = [[3, 17, 5], [9, 9, 9, 9]]
+    rows = side_by_side(TARGET, DRAFT, prompts, temperature=0.0, gamma=2, max_new_tokens=12,
+                        rows=ROWS)
+    assert [r["method"] for r in rows] == ["autoregressive", "model", "model-tree 2,1", "medusa"]
+    auto = rows[0]
+    assert auto["tokens_per_target_call"] == 1.0 and auto["speedup"] == 1.0
+    for r in rows[1:]:
+        assert r["identical"] is True  # greedy: every drafter gives autoregressive output
+        assert 1.0 <= r["tokens_per_target_call"] <= 3.0  # at most gamma + 1 per call
+    sampled = side_by_side(TARGET, DRAFT, prompts, temperature=1.0, gamma=2, max_new_tokens=8,
+                           rows=ROWS[:1])
+    assert sampled[1]["identical"] is None
+    costs = tree_costs(TARGET, shapes=[(1, 1), (2, 1)], context=8, repeats=2)
+    assert [c["nodes"] for c in costs] == [2, 4]
+    text = format_report({"settings": {"prompts": 2, "max_new_tokens": 12, "gamma": 2,
+                                       "repeats": 1},
+                          "by_temperature": {"0": rows}, "tree_costs": costs})
+    assert "model-tree 2,1" in text and "tree/chain" in text
