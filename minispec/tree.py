@@ -99,35 +99,45 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
     keeps the accepted ones. Nodes 0..done-1 must already be in their slots (a drafter growing a
     tree level by level); then prefix must be empty.
     """
+    xp = model.xp
+    ids = np.concatenate([np.asarray(prefix, dtype=np.int64),
+                          np.asarray(tokens, dtype=np.int64)[done:]])  # [T]
+    if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
+        raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
+    positions = tree_positions(cache.length + len(prefix), parents, len(prefix), done)
+    h = model.weights["embed"][xp.asarray(ids)]  # [T] -> [T, D]
+    if model.weights["pos_embed"] is not None:
+        h = h + model.weights["pos_embed"][xp.asarray(positions)]  # + [T, D]
+    return tree_layers(model, h, parents, cache, len(prefix), done)
+
+
+def tree_positions(L: int, parents, m: int, done: int) -> np.ndarray:
+    """The positions of the rows a tree call feeds: the prefix's L-m..L-1, then node i's
+    L + depth(i) for i >= done."""
+    return np.concatenate([np.arange(L - m, L), L + depths(parents)[done:]]).astype(np.int64)
+
+
+def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
+    """Every layer of `model` over input rows h [m + n - done, D]: m prefix rows continuing the
+    cache, then tree nodes done..n-1 (see hidden_tree) -> [m + n - done, D]. For a drafter whose
+    inputs are not token embeddings (EAGLE feeds features)."""
     xp, config = model.xp, model.config
-    tokens = np.asarray(tokens, dtype=np.int64)
     parents = np.asarray(parents, dtype=np.int64)
-    n, m = len(tokens), len(prefix)
+    n = len(parents)
     if done and m:
         raise MinispecError("hidden_tree: a prefix can only come with the first nodes (done=0)")
     L = cache.length + m  # the context length once the prefix is in
-    depth = depths(parents)
-    slots = L + np.arange(n)  # [n] where each node's keys and values are written
-    positions = L + depth  # [n] the position each node's token would have in its own sequence
+    positions = L + depths(parents)  # [n] the position each node would have in its sequence
     if L + n > cache.max_len:
         raise MinispecError(f"hidden_tree: {L} context positions + {n} tree nodes do not fit "
                             f"the KV cache (max_len={cache.max_len})")
     if n and int(positions.max()) >= config.max_position_embeddings:
         raise MinispecError(f"hidden_tree: the tree reaches position {int(positions.max())}, "
                             f"past the context length ({config.max_position_embeddings})")
-
-    # the rows fed: the prefix (positions L-m..L-1), then nodes done..n-1
-    pos_fed = np.concatenate([np.arange(L - m, L), positions[done:]])  # [T]
-    ids = np.concatenate([np.asarray(prefix, dtype=np.int64), tokens[done:]])  # [T]
-    if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
-        raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
-    h = model.weights["embed"][xp.asarray(ids)]  # [T] -> [T, D]
-    if model.weights["pos_embed"] is not None:
-        h = h + model.weights["pos_embed"][xp.asarray(pos_fed)]  # + [T, D]
+    pos_fed = tree_positions(L, parents, m, done)  # [T]
 
     # the mask [T, S]: the prefix is causal; node i sees the context and its ancestors
-    S = L + n
-    mask = np.zeros((len(ids), S), dtype=bool)
+    mask = np.zeros((len(pos_fed), L + n), dtype=bool)
     mask[:m, :L] = causal_mask(np, L - m, m, L, None)
     ancestor = np.eye(n, dtype=bool)  # [n, n] ancestor-or-self
     for i, a in enumerate(parents):
@@ -141,7 +151,7 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
         mask &= (pos_fed[:, None] - key_pos[None, :]) < window
     rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
     mask = xp.asarray(mask)
-    first = int(slots[done]) if not m and n > done else L - m  # the first slot written
+    first = L + done if not m else L - m  # the first slot written
     for i in range(model.n_layers):  # block() writes slots first.. and attends over 0..S-1
         h = block(xp, h, model.weights["layers"][i], config, rot, (cache.k[i], cache.v[i]),
                   first, mask)  # [T, D] -> [T, D]
