@@ -49,7 +49,8 @@ class Settings:
     trace: bool = False
     drafter: str = "model"
     exit_layer: int | None = None
-    tree: tuple[int, ...] | None = None  # children per depth, for model-tree and medusa
+    tree: tuple[int, ...] | None = None  # children per depth, for model-tree, medusa, eagle
+    dynamic: tuple[int, int] | None = None  # EAGLE-2's (beam, nodes)
 
 
 def shipped_pair() -> tuple[Path, Path]:
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="layers of the target the early-exit drafter runs (default: a quarter)")
     ap.add_argument("--tree", default=None, metavar="K1,K2,...",
                     help="children per depth of a tree drafter's tree, e.g. 3,2,1,1 (default: "
-                    "2,2,1,1 for model-tree, 1,1,1,1 for medusa)")
+                    "2,2,1,1 for model-tree, 1,1,1,1 for medusa; eagle drafts a chain without it)")
+    ap.add_argument("--dynamic", default=None, metavar="BEAM,NODES",
+                    help="eagle: grow the --tree dynamically (EAGLE-2), expanding the BEAM most "
+                    "probable nodes per depth and keeping the NODES most probable")
     ap.add_argument("--prompt", default=None, help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -93,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="show each round: accepted (green), rejected (red), correction or bonus")
     ap.add_argument("--no-color", action="store_true", help="plain-text trace markers")
     return ap
+
+
+def parse_dynamic(text: str) -> tuple[int, int]:
+    try:
+        beam, nodes = (int(x) for x in text.split(","))
+    except ValueError:
+        raise MinispecError(f"--dynamic: expected BEAM,NODES like 4,16, got {text!r:.40}") \
+            from None
+    return beam, nodes
 
 
 def parse_gamma(text: str) -> int | str:
@@ -132,13 +145,14 @@ class Session:
             max_new_tokens=args.max_new_tokens, seed=args.seed, trace=args.trace,
             drafter=args.drafter, exit_layer=args.exit_layer,
             tree=None if args.tree is None else check_shape(args.tree, "--tree"),
+            dynamic=None if args.dynamic is None else parse_dynamic(args.dynamic),
         )
         self.color = sys.stdout.isatty() and not args.no_color
 
     def drafter(self):
         s = self.settings
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
-                                 exit_layer=s.exit_layer, tree=s.tree)
+                                 exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic)
 
     def generate(self, prompt: str, speculative: bool):
         from .drafters import NoDrafter

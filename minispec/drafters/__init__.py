@@ -11,6 +11,9 @@ The contract every drafter follows is in `base.py`. Three drafters ship, chosen 
                   verified in one target call (minispec/tree.py)
     "medusa"      MedusaDrafter: K heads on the target's last hidden state guess the next K
                   tokens; their top-k candidates form the tree (Cai et al. 2024, Medusa)
+    "eagle"       EagleDrafter: one decoder layer guesses the target's next feature from its
+                  features and tokens (Li et al. 2024, EAGLE); a chain, a static tree, or
+                  EAGLE-2's dynamic tree
 """
 
 from __future__ import annotations
@@ -19,18 +22,20 @@ from pathlib import Path
 
 from ..errors import MinispecError
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
+from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
 from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
 
-DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa")
+DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
 SHIPPED_MEDUSA = Path(__file__).resolve().parents[2] / "weights" / "medusa"
+SHIPPED_EAGLE = Path(__file__).resolve().parents[2] / "weights" / "eagle"
 
 __all__ = [
-    "DRAFTERS", "Draft", "Drafter", "EarlyExitDrafter", "MedusaDrafter", "ModelDrafter",
-    "NgramDrafter", "load_medusa", "random_medusa",
+    "DRAFTERS", "Draft", "Drafter", "EagleDrafter", "EarlyExitDrafter", "MedusaDrafter",
+    "ModelDrafter", "NgramDrafter", "load_eagle", "load_medusa", "random_eagle", "random_medusa",
     "NoDrafter", "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
     "make_drafter",
     "sampled_vocab_size",
@@ -38,7 +43,7 @@ __all__ = [
 
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
-                 tree=None, medusa_dir=None) -> Drafter:
+                 tree=None, medusa_dir=None, dynamic=None, eagle_dir=None) -> Drafter:
     """The drafter called `name` ("model" | "ngram" | "early-exit") for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
@@ -46,7 +51,9 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
     children per depth (default (2, 2, 1, 1)); "medusa" loads heads from medusa_dir (default:
     the shipped weights/medusa, trained for the shipped target) and takes tree (default
-    (1, 1, 1, 1)). Options a drafter does not use are ignored.
+    (1, 1, 1, 1)); "eagle" loads a head from eagle_dir (default: the shipped weights/eagle)
+    and drafts a chain, or a tree given tree, grown dynamically given dynamic=(beam, nodes).
+    Options a drafter does not use are ignored.
     """
     if name == "model":
         if draft_model is None:
@@ -61,6 +68,9 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     if name == "medusa":
         return load_medusa(SHIPPED_MEDUSA if medusa_dir is None else medusa_dir, target,
                            *(() if tree is None else (tree,)))
+    if name == "eagle":
+        return load_eagle(SHIPPED_EAGLE if eagle_dir is None else eagle_dir, target, tree,
+                          dynamic)
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

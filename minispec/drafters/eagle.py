@@ -1,0 +1,292 @@
+"""EAGLE: drafting at the feature level (Li et al. 2024, EAGLE; EAGLE-2 for the dynamic tree).
+
+A draft model guesses tokens; EAGLE guesses the target's next *feature*, the last hidden state
+before the final norm and LM head, which is smoother and more predictable than the token it
+becomes, and lets the target's own frozen head turn the guess into a distribution.
+
+One round, for a context x_0..x_{n-1} whose features f_0..f_{n-2} the target has computed:
+
+    pairs (f_j, x_{j+1})  -> fc [2D -> D] -> one decoder layer (its own KV cache) -> g_{j+1}
+                                            (g: the guessed feature at the next position)
+    q_1 = warp(head(g_{n-1}))  -> draft d_1  (head = the target's final norm + LM head)
+    pair (g_{n-1}, d_1) -> layer -> g_n  -> q_2 -> d_2 -> ...   (autoregressive in feature space)
+
+The layer's input pairs the feature at position j with the token sampled there (x_{j+1} was
+drawn from f_j's distribution): the token removes the sampling's uncertainty the feature alone
+would leave (EAGLE's "feature and shifted token"). The feature is the last layer's output only
+(EAGLE-1); EAGLE-3 fuses several layers' states, which a 5-layer target has little to add.
+
+After verification `accept` receives the target's true features of the kept positions (from
+the verify call, no extra work), and the layer's cache is rolled back to the entries made from
+true features: the next round re-feeds the accepted drafts with their true features, so a wrong
+guess never compounds across rounds.
+
+Trees: with `shape` (children per depth) each node of depth d - 1 gets the top k_d tokens of
+its guessed distribution (a static tree); with `dynamic=(beam, nodes)` the tree grows as in
+EAGLE-2: at each depth only the `beam` nodes with the highest cumulative draft probability are
+expanded (k_d children each), and the `nodes` most probable nodes overall are kept. Either way
+the candidates are a deterministic function of the context, verified as one-hot proposals
+(minispec/tree.py), so the output is exactly the target's.
+
+Files (`weights/eagle`, made by `weights/train_eagle.py`): config.json (the layer's shape) and
+model.safetensors: fc.weight [D, 2D], fc.bias [D], and one Llama decoder layer under
+model.layers.0.* (Hugging Face names).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..backend import to_host
+from ..config import ModelConfig
+from ..errors import MinispecError
+from ..loader import _build_weights, random_model
+from ..model import Model
+from ..safetensors import SafetensorsFile
+from ..sampling import sample
+from ..tree import tree_layers
+from .base import Draft, Drafter
+from .tree_model import check_shape
+
+
+class EagleDrafter(Drafter):
+    """Draft with an EAGLE head: a decoder layer over (feature, token) pairs.
+
+    layer: a one-layer Model (its embedding, final norm and head are the target's); fc_w
+    [2D, D] and fc_b [D] fuse a feature and a token embedding into the layer's input. shape:
+    None for a chain, or children per depth for a tree; dynamic: (beam, nodes) for EAGLE-2's
+    dynamic tree (with shape giving the children of each expanded node per depth).
+    """
+
+    name = "eagle"
+
+    def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None) -> None:
+        super().__init__(target)
+        D = target.config.hidden_size
+        if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
+                np.shape(fc_b) != (D,):
+            raise MinispecError(f"eagle: expected a layer of width {D} (the target's), fc weight "
+                                f"[{2 * D}, {D}] and bias [{D}], got width "
+                                f"{layer.config.hidden_size}, {np.shape(fc_w)}, {np.shape(fc_b)}")
+        xp = target.xp
+        self.layer = layer
+        self.fc_w = xp.asarray(np.asarray(to_host(fc_w), dtype=target.dtype))
+        self.fc_b = xp.asarray(np.asarray(to_host(fc_b), dtype=target.dtype))
+        self.shape = None if shape is None else check_shape(shape, "eagle tree")
+        if dynamic is not None:
+            if self.shape is None:
+                raise MinispecError("eagle: a dynamic tree needs shape (children per depth)")
+            beam, nodes = dynamic
+            if not (isinstance(beam, int) and isinstance(nodes, int) and beam >= 1
+                    and 1 <= nodes <= 64):
+                raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
+                                    f"{dynamic!r:.60}")
+        self.dynamic = dynamic
+        self.tree = self.shape is not None
+        self.cache, self.feats, self.known, self.synced = None, None, 0, 0
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def start(self, prompt_ids, cache) -> None:
+        """A new generation: the layer's cache and the store of true features, both empty."""
+        n = cache.max_len  # the target's cache bounds every position this generation uses
+        if self.cache is None or self.cache.max_len < n + 64:
+            self.cache = self.layer.new_cache(min(n + 64,
+                                                  self.layer.config.max_position_embeddings))
+            self.feats = self.target.xp.zeros((self.cache.max_len, self.layer.config.hidden_size),
+                                              dtype=self.target.dtype)
+        self.cache.rollback(0)
+        self.calls, self.known, self.synced = 0, 0, 0
+
+    def accept(self, context, hidden) -> None:
+        """Store the target's true features of the kept positions (the last row is position
+        len(context) - 2) and forget every layer entry made from a guessed one."""
+        end = len(context) - 1
+        self.feats[end - hidden.shape[0]:end] = hidden
+        self.known = end
+        self.cache.rollback(min(self.cache.length, self.synced))
+
+    def fuse(self, feats, tokens):
+        """The layer's input: fc(concat(feature, embedding of the token)) -> [T, D]."""
+        xp = self.target.xp
+        emb = self.target.weights["embed"][xp.asarray(np.asarray(tokens, dtype=np.int64))]
+        return xp.concatenate([feats, emb], axis=1) @ self.fc_w + self.fc_b  # [T, 2D] -> [T, D]
+
+    def catch_up(self, context):
+        """Feed the pairs (f_j, x_{j+1}) the layer has not seen, all with true features ->
+        g_{n-1}, the guessed feature at the last context position [1, D], or None if the target
+        has not computed the features yet (the first round)."""
+        n = len(context)
+        if self.known < n - 1 or n < 2:
+            return None
+        j0 = min(self.cache.length, n - 2)  # re-feed at least the last pair: its output is g
+        self.cache.rollback(j0)
+        x = self.fuse(self.feats[j0:n - 1], context[j0 + 1:n])  # [n-1-j0, D]
+        g = self.layer.run_layers(x, self.cache, j0)[-1:]  # [1, D]
+        self.cache.length = self.synced = n - 1
+        return g
+
+    # -- drafting ------------------------------------------------------------------------------
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        room = self.cache.max_len - len(context) - 1
+        gamma = min(gamma, room)
+        g = self.catch_up(context) if gamma > 0 else None
+        if g is None:
+            return self.empty_draft()
+        self.calls += 1
+        if self.tree:
+            return self.propose_tree(g, gamma, warp)
+        tokens, q = [], []
+        for i in range(gamma):
+            logits = to_host(self.target.head(g))[:, : self.vocab_size]  # [1, V]
+            q.append(warp(logits)[0])
+            tokens.append(sample(q[-1], rng))
+            if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
+                pos = self.cache.length
+                g = self.layer.run_layers(self.fuse(g, tokens[-1:]), self.cache, pos)
+                self.cache.length = pos + 1
+                self.calls += 1
+        return Draft(np.array(tokens, dtype=np.int64), np.array(q))
+
+    def propose_tree(self, g, gamma, warp) -> Draft:
+        """A tree of top-k candidates, static or EAGLE-2's dynamic (see the module docstring);
+        the nodes' layer entries wait in the cache's slots past its length, like the target's."""
+        levels = self.shape[:gamma]
+        tokens, parents, q, score = [], [], [], []
+        frontier, feats = [-1], g  # nodes to expand, and their guessed features [F, D]
+        for d, k in enumerate(levels):
+            logits = to_host(self.target.head(feats))[:, : self.vocab_size]  # [F, V]
+            probs = warp(logits)
+            logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
+            first = len(tokens)
+            for row, node in enumerate(frontier):
+                base = 0.0 if node < 0 else score[node]
+                for x in np.argsort(-logits[row], kind="stable")[:k]:
+                    tokens.append(int(x))
+                    parents.append(node)
+                    q.append(probs[row])
+                    score.append(base + float(logp[row, x]))
+            new = list(range(first, len(tokens)))
+            if self.dynamic is not None:  # expand only the `beam` most probable of this depth
+                new = sorted(sorted(new, key=lambda i: -score[i])[: self.dynamic[0]])
+            if d + 1 == len(levels) or len(tokens) > 63:
+                break
+            x = self.fuse(self.parent_feats(g, feats, frontier, parents, first), tokens[first:])
+            out = tree_layers(self.layer, x, parents, self.cache, 0, first)  # [new nodes, D]
+            self.calls += 1
+            feats = out[np.asarray(new) - first]
+            frontier = new
+        keep = list(range(len(tokens)))
+        if self.dynamic is not None:  # the `nodes` most probable overall (ancestors first)
+            keep = sorted(sorted(keep, key=lambda i: -score[i])[: self.dynamic[1]])
+            keep = close_under_ancestors(keep, parents)
+        index = {old: new for new, old in enumerate(keep)}
+        return Draft(np.array([tokens[i] for i in keep], dtype=np.int64),
+                     np.array([q[i] for i in keep]),
+                     np.array([-1 if parents[i] < 0 else index[parents[i]] for i in keep]),
+                     "deterministic")
+
+    @staticmethod
+    def parent_feats(g, feats, frontier, parents, first):
+        """The guessed feature each new node's pair starts from: its parent's output."""
+        row = {node: r for r, node in enumerate(frontier)}
+        return feats[np.asarray([row[parents[i]] for i in range(first, len(parents))])]
+
+
+def close_under_ancestors(keep, parents) -> list[int]:
+    """keep plus every ancestor of a kept node, in index (topological) order."""
+    out = set(keep)
+    for i in keep:
+        while parents[i] >= 0 and parents[i] not in out:
+            out.add(parents[i])
+            i = parents[i]
+    return sorted(out)
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+
+def _layer_config(target, cfg: dict, source: str) -> ModelConfig:
+    c = target.config
+
+    def field(name, kind, default=None):
+        value = cfg.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise MinispecError(f"{source}: field {name!r} should be {kind.__name__}, got "
+                                f"{value!r:.60}")
+        return value
+
+    D = field("hidden_size", int)
+    if D != c.hidden_size:
+        raise MinispecError(f"{source}: hidden_size {D} is not the target's ({c.hidden_size})")
+    return ModelConfig(family="llama", vocab_size=c.vocab_size, hidden_size=D, n_layers=1,
+                       n_heads=field("num_attention_heads", int),
+                       n_kv_heads=field("num_key_value_heads", int),
+                       head_dim=field("head_dim", int),
+                       intermediate_size=field("intermediate_size", int),
+                       max_position_embeddings=c.max_position_embeddings,
+                       norm_eps=float(field("rms_norm_eps", (int, float))),
+                       rope_theta=float(field("rope_theta", (int, float), 10000.0)),
+                       tie_word_embeddings=True)
+
+
+def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
+    """An EAGLE head from a directory (config.json + model.safetensors) for `target`."""
+    path = Path(path)
+    cfg_file, st_file = path / "config.json", path / "model.safetensors"
+    if not cfg_file.is_file() or not st_file.is_file():
+        raise MinispecError(f"{path}: not an EAGLE head directory (expected config.json and "
+                            "model.safetensors)")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise MinispecError(f"{cfg_file}: not valid JSON ({str(e)[:100]})") from None
+    if not isinstance(cfg, dict):
+        raise MinispecError(f"{cfg_file}: expected a JSON object")
+    config = _layer_config(target, cfg, str(cfg_file))
+    st = SafetensorsFile(st_file)
+    shared = {"model.embed_tokens.weight": to_host(target.weights["embed"]),
+              "model.norm.weight": to_host(target.weights["norm_w"])}
+
+    def get(name):
+        if name in shared:
+            return shared[name]
+        if name not in st:
+            raise MinispecError(f"{st_file}: tensor {name!r} is missing")
+        return st.get(name).astype(np.float32)
+
+    xp = target.xp
+    weights = _build_weights(config, get, lambda a: xp.asarray(np.ascontiguousarray(
+        a, dtype=target.dtype)))
+    D = config.hidden_size
+    fc_w, fc_b = get("fc.weight"), get("fc.bias")
+    for name, a, shape_ in (("fc.weight", fc_w, (D, 2 * D)), ("fc.bias", fc_b, (D,))):
+        if a.shape != shape_:
+            raise MinispecError(f"{st_file}: tensor {name!r} has shape {list(a.shape)}, "
+                                f"expected {list(shape_)}")
+    for name in st.keys():
+        if not np.isfinite(st.get(name)).all():
+            raise MinispecError(f"{st_file}: tensor {name!r} holds NaN or infinite values")
+    layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
+                  name=f"eagle:{path.name}")
+    return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic)
+
+
+def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
+                 dynamic=None) -> EagleDrafter:
+    """An untrained EAGLE head (for tests): every code path runs; acceptance is by chance."""
+    c = target.config
+    config = ModelConfig(family="llama", vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                         n_layers=1, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads,
+                         head_dim=c.head_dim, intermediate_size=c.intermediate_size,
+                         max_position_embeddings=c.max_position_embeddings)
+    layer = random_model(config, seed=seed, scale=scale, device=target.device)
+    layer.weights["embed"] = target.weights["embed"]  # the target's own, as when loaded
+    rng = np.random.default_rng(seed)
+    D = c.hidden_size
+    return EagleDrafter(target, layer, rng.normal(0, scale / np.sqrt(D), (2 * D, D)),
+                        rng.normal(0, scale, D), shape, dynamic)
