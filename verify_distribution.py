@@ -26,7 +26,8 @@ histogram of speculative_generate(..., max_new_tokens=L) over many seeds.
 Part T, trees of drafts (minispec/tree.py): verify_tree alone, on trees of several shapes whose
 siblings are drawn i.i.d., without replacement, or as top-k candidates, from near, far and
 disjoint drafts of a synthetic target (a fixed random row for every prefix), rounds repeated
-until L tokens are out; and the tree drafters (model-tree, Medusa heads) end to end as in part 2.
+until L tokens are out; and the tree drafters (model-tree, Medusa heads) and EAGLE (chain, static
+and dynamic trees) end to end as in part 2.
 Its controls patch one line of minispec.tree each (the residual not updated after a rejected
 sibling; siblings drawn without replacement verified as i.i.d.; top-k verified as sampled).
 Part 3, the shipped pair in weights/ (target and draft), with top-k small enough to enumerate.
@@ -781,19 +782,24 @@ def part_tree(seed: int, quick: bool, n: int, with_controls: bool) -> tuple[list
     return rows, controls
 
 
-# tree drafters end to end on the tiny target: the model-tree drafter over the near draft, and
-# Medusa heads (random: the tiny target has none trained; exactness does not depend on quality)
+# tree drafters and EAGLE end to end on the tiny target: the model-tree drafter over the near
+# draft, Medusa heads and EAGLE heads (random: the tiny target has none trained; exactness does
+# not depend on their quality), EAGLE as a chain, a static tree and EAGLE-2's dynamic tree
 E2E_TREE = [E2E(1.0, gamma=3, L=3), E2E(0.6, top_k=6, gamma=3, L=3),
             E2E(1.2, top_p=0.9, gamma=2, L=3)]
 
 
 def part2_trees(seed: int, quick: bool, n: int) -> list[Row]:
-    from minispec.drafters import TreeModelDrafter, random_medusa
+    from minispec.drafters import TreeModelDrafter, random_eagle, random_medusa
 
     models = tiny_models()
     target = models["target"]
     drafters = {"model-tree 2,2,1": TreeModelDrafter(target, models["near"], (2, 2, 1)),
-                "medusa 3,2,1": random_medusa(target, 3, seed=1, scale=0.3, shape=(3, 2, 1))}
+                "medusa 3,2,1": random_medusa(target, 3, seed=1, scale=0.3, shape=(3, 2, 1)),
+                "eagle chain": random_eagle(target, seed=1),
+                "eagle 2,2,1": random_eagle(target, seed=1, shape=(2, 2, 1)),
+                "eagle-2 3,2,2 beam 2, 6 nodes": random_eagle(target, seed=1, shape=(3, 2, 2),
+                                                              dynamic=(2, 6))}
     rows = []
     for label, drafter in drafters.items():
         for cfg in E2E_TREE[1:2] if quick else E2E_TREE:

@@ -38,7 +38,8 @@ def test_quick_run_passes_with_every_row():
     for test in ("tokens by index", "next token | token", "tokens/round", "joint of"):
         assert test in out
     assert "L=3, near" in out and "T=0 g=3 L=4" in out
-    for tree in ("without-replacement", "deterministic", "model-tree 2,2,1", "medusa 3,2,1"):
+    for tree in ("without-replacement", "deterministic", "model-tree 2,2,1", "medusa 3,2,1",
+                 "eagle chain", "eagle 2,2,1", "eagle-2 3,2,2"):
         assert tree in out  # the tree rows: verify_tree alone, the tree drafters end to end
     for part, bug in [("1", "residual=p"), ("1", "no bonus"), ("1", "accept q/p"),
                       ("1", "unwarped q"), ("2", "residual=p"), ("2", "accept q/p"),

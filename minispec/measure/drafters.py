@@ -46,6 +46,10 @@ DRAFTER_ROWS = [
     ("medusa 1,1,1,1", lambda t, d: make_drafter("medusa", t, tree=(1, 1, 1, 1))),
     ("medusa 2,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(2, 2, 1, 1))),
     ("medusa 3,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(3, 2, 1, 1))),
+    ("eagle (chain)", lambda t, d: make_drafter("eagle", t)),
+    ("eagle 2,2,1,1", lambda t, d: make_drafter("eagle", t, tree=(2, 2, 1, 1))),
+    ("eagle-2 4,3,2,2 b3 n12", lambda t, d: make_drafter("eagle", t, tree=(4, 3, 2, 2),
+                                                          dynamic=(3, 12))),
 ]
 TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2, 1)]
 
