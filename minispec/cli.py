@@ -20,8 +20,8 @@ from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
 from .sampling import Sampling
+from .shipped import SHIPPED  # weights/ in a checkout, or the copy a wheel installed
 
-SHIPPED = Path(__file__).resolve().parent.parent / "weights"
 GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
 
 HELP = """commands:

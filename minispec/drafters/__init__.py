@@ -18,9 +18,8 @@ The contract every drafter follows is in `base.py`. Three drafters ship, chosen 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..errors import MinispecError
+from ..shipped import SHIPPED
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
@@ -30,8 +29,8 @@ from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
 
 DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
-SHIPPED_MEDUSA = Path(__file__).resolve().parents[2] / "weights" / "medusa"
-SHIPPED_EAGLE = Path(__file__).resolve().parents[2] / "weights" / "eagle"
+SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
+SHIPPED_EAGLE = SHIPPED / "eagle"
 
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EagleDrafter", "EarlyExitDrafter", "MedusaDrafter",

@@ -37,6 +37,7 @@ import numpy as np
 from ..backend import blas_threads
 from ..errors import MinispecError
 from ..sampling import Sampling
+from ..shipped import SHIPPED
 from .harness import (
     COST_CONTEXT,
     benchmark_eos,
@@ -57,8 +58,6 @@ from .harness import (
     time_matmuls,
     time_speed_and_costs,
 )
-
-SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 
 
 def build_parser() -> argparse.ArgumentParser:

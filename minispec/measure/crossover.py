@@ -34,10 +34,10 @@ from ..backend import blas_threads
 from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
 from ..errors import MinispecError
 from ..sampling import Sampling
+from ..shipped import SHIPPED
 from ..speculative import Request
 from . import harness
 
-SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 METHODS = ("plain", "speculative", "load-aware")
 
 

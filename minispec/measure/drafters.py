@@ -29,11 +29,10 @@ from ..drafters import NoDrafter, make_drafter
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
 from ..sampling import Sampling
+from ..shipped import SHIPPED
 from ..speculative import Request, generate
 from ..tree import hidden_tree
 from . import harness
-
-SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 
 # (label, make(target, draft model) -> drafter): one line per drafter
 DRAFTER_ROWS = [

@@ -38,11 +38,11 @@ from ..backend import blas_threads
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
 from ..sampling import Sampling
+from ..shipped import SHIPPED
 from ..speculative import Request, generate
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
 
-SHIPPED = Path(__file__).resolve().parents[2] / "weights"
 GAMMAS = tuple(range(1, 9))
 CHAIN_DRAFTERS = ("model", "ngram", "early-exit")  # the theorem's prediction is for chains
 

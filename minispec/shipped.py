@@ -1,0 +1,26 @@
+"""Where the shipped models live: `weights/` in a checkout, or the copy a wheel installs.
+
+`pip install .` (or a wheel) carries weights/target, weights/draft, weights/medusa,
+weights/eagle and weights/prompts.json as the package data of `minispec._weights`, so every
+command that defaults to the shipped models works from any directory. A checkout (and an
+editable install) reads its own weights/ folder instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1] / "weights"
+INSTALLED = Path(__file__).resolve().parent / "_weights"
+
+
+def shipped_dir() -> Path:
+    """The folder holding target/, draft/, medusa/, eagle/ and prompts.json."""
+    if (CHECKOUT / "target" / "config.json").is_file():
+        return CHECKOUT
+    if (INSTALLED / "target" / "config.json").is_file():
+        return INSTALLED
+    return CHECKOUT  # neither: the errors then name the checkout's path, which a user can fix
+
+
+SHIPPED = shipped_dir()
