@@ -1,8 +1,9 @@
 """One ModelConfig for every supported family, and reading it from a Hugging Face config.json.
 
-config.json is read as the hub spells it (rope_theta and rope_scaling at the top level, GPT-2's n_embd,
-n_layer, ...) and as transformers 5 writes it (rope_parameters: {"rope_type", "rope_theta", ...}). Every
-field the math depends on is checked here once, so the model code can trust the config.
+config.json is read as the hub spells it (rope_theta and rope_scaling at the top level, GPT-2's
+n_embd, n_layer, ...) and as transformers 5 writes it (rope_parameters: {"rope_type",
+"rope_theta", ...}). Every field the math depends on is checked here once, so the model code can
+trust the config.
 """
 
 from __future__ import annotations
@@ -30,34 +31,35 @@ _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_p
 
 @dataclass
 class ModelConfig:
-    """The shape and the few switches of a decoder-only transformer; the same fields for every family.
+    """The shape and the few switches of a decoder-only transformer; one set of fields for all.
 
     family picks the parts: llama / qwen2 / mistral are RMSNorm + RoPE + SwiGLU; gpt2 is LayerNorm +
     learned positions + GELU (tanh approximation) with biases everywhere.
     """
 
     family: str = "llama"  # "llama" | "qwen2" | "mistral" | "gpt2"
-    vocab_size: int = 32000  # rows of the embedding; may exceed the tokenizer's vocabulary (padding)
+    vocab_size: int = 32000  # rows of the embedding; may exceed the tokenizer's vocabulary
     hidden_size: int = 512  # D, the width of the residual stream
     n_layers: int = 4
     n_heads: int = 8  # H, query heads
     n_kv_heads: int | None = None  # K, key/value heads (grouped-query attention); None -> n_heads
-    head_dim: int | None = None  # E; None -> hidden_size // n_heads (Mistral-Nemo, Llama 3.2 set it)
-    intermediate_size: int | None = None  # F, the MLP width; None -> 4 * hidden_size (GPT-2's n_inner)
+    head_dim: int | None = None  # E; None -> hidden_size // n_heads (Llama 3.2 sets it)
+    intermediate_size: int | None = None  # F, the MLP width; None -> 4 * hidden_size (GPT-2)
     max_position_embeddings: int = 2048  # the context length; no sequence may be longer
     norm_eps: float = 1e-5  # epsilon in RMSNorm / LayerNorm
     rope_theta: float = 10000.0  # RoPE base frequency (unused by gpt2)
-    # None for plain RoPE, else {"rope_type": "linear", "factor": f} or {"rope_type": "llama3", "factor",
+    # None for plain RoPE, else {"rope_type": "linear", "factor": f} or {"rope_type": "llama3",
+    # "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (Llama 3.1+)
     rope_scaling: dict[str, Any] | None = None
     tie_word_embeddings: bool = False  # the LM head reuses the embedding matrix
     # q/k/v projections carry a bias (always on for qwen2; for llama it also adds a bias to o_proj,
     # as transformers' LlamaAttention does)
     attention_bias: bool = False
-    sliding_window: int | None = None  # Mistral: a query attends to at most this many latest positions
+    sliding_window: int | None = None  # Mistral: a query sees at most this many latest positions
     bos_token_id: int | None = None
     eos_token_id: int | None = None  # the first stop token; all of them are in eos_token_ids
-    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # every stop token (Llama 3 has 3)
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # every stop token (Llama 3: 3)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -84,7 +86,8 @@ class ModelConfig:
                      "intermediate_size", "max_position_embeddings"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise MinispecError(f"ModelConfig.{name}: expected a positive integer, got {value!r}")
+                raise MinispecError(f"ModelConfig.{name}: expected a positive integer, got "
+                                    f"{value!r}")
         if self.n_heads % self.n_kv_heads:
             raise MinispecError(
                 f"ModelConfig: n_heads {self.n_heads} must be a multiple of n_kv_heads "
@@ -126,7 +129,7 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
-        """Build a ModelConfig from the dict of a Hugging Face config.json; `source` names it in errors."""
+        """A ModelConfig from a Hugging Face config.json's dict; `source` names it in errors."""
         return _from_hf(hf, source)
 
     def to_hf(self) -> dict[str, Any]:
@@ -223,8 +226,8 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
         optional = default is not ...
         if (value is not None or not optional) and not (
                 isinstance(value, kind) and not isinstance(value, bool)):
-            raise MinispecError(f"{source}: field {key!r} should be {getattr(kind, '__name__', kind)}"
-                                f", got {value!r}")
+            kind_name = getattr(kind, "__name__", kind)
+            raise MinispecError(f"{source}: field {key!r} should be {kind_name}, got {value!r}")
         return value
 
     number = (int, float)

@@ -1,9 +1,9 @@
 """Loading a Hugging Face model directory into a Model, and making random or saved models for tests.
 
-A directory as the hub serves it: config.json; model.safetensors or shards + model.safetensors.index.json;
-tokenizer.json, generation_config.json, tokenizer_config.json when present. Every checkpoint tensor name
-is mapped once, here, into the plain per-layer dicts model.py takes, and every shape is checked against
-the config before any tensor data is read.
+A directory as the hub serves it: config.json; model.safetensors or shards +
+model.safetensors.index.json; tokenizer.json, generation_config.json, tokenizer_config.json when
+present. Every checkpoint tensor name is mapped once, here, into the plain per-layer dicts model.py
+takes, and every shape is checked against the config before any tensor data is read.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _dims(c: ModelConfig) -> tuple[int, int, int, int, int, int, int]:
 def hf_shapes(c: ModelConfig, prefix: str = "") -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of this config must hold, with its shape as stored by Hugging Face.
 
-    prefix: only for gpt2, "transformer." (what transformers writes) or "" (the original gpt2 files).
+    prefix: only for gpt2, "transformer." (what transformers writes) or "" (the original files).
     """
     v, d, h, k, e, f, p = _dims(c)
     s: dict[str, tuple[int, ...]] = {}
@@ -91,8 +91,10 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
         for i in range(c.n_layers):
             b = f"{prefix}h.{i}."
             layers.append({  # GPT-2's Conv1D already stores [in, out]
-                "attn_norm_w": put(get(b + "ln_1.weight")), "attn_norm_b": put(get(b + "ln_1.bias")),
-                "wqkv": put(get(b + "attn.c_attn.weight")), "bqkv": put(get(b + "attn.c_attn.bias")),
+                "attn_norm_w": put(get(b + "ln_1.weight")),
+                "attn_norm_b": put(get(b + "ln_1.bias")),
+                "wqkv": put(get(b + "attn.c_attn.weight")),
+                "bqkv": put(get(b + "attn.c_attn.bias")),
                 "wo": put(get(b + "attn.c_proj.weight")), "bo": put(get(b + "attn.c_proj.bias")),
                 "mlp_norm_w": put(get(b + "ln_2.weight")), "mlp_norm_b": put(get(b + "ln_2.bias")),
                 "w_gate": None,
@@ -100,7 +102,8 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
                 "w_down": put(get(b + "mlp.c_proj.weight")),
                 "b_down": put(get(b + "mlp.c_proj.bias")),
             })
-        top = {"embed": put(get(f"{prefix}wte.weight")), "pos_embed": put(get(f"{prefix}wpe.weight")),
+        top = {"embed": put(get(f"{prefix}wte.weight")),
+               "pos_embed": put(get(f"{prefix}wpe.weight")),
                "norm_w": put(get(f"{prefix}ln_f.weight")), "norm_b": put(get(f"{prefix}ln_f.bias"))}
     else:
         for i in range(c.n_layers):
@@ -130,7 +133,7 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
 
 
 def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
-    """The inverse of _build_weights: HF-named float32 host arrays (gpt2 with the transformer. prefix)."""
+    """The inverse of _build_weights: HF-named float32 host arrays (gpt2: "transformer." names)."""
     c, w = model.config, model.weights
 
     def h(a) -> np.ndarray:
@@ -221,7 +224,8 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
                                 f"shape {list(shape)} for {config.family}: {_describe(config)})")
         if ckpt.shape(name) != shape:
             raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} has shape "
-                                f"{list(ckpt.shape(name))}, expected {list(shape)} from config.json "
+                                f"{list(ckpt.shape(name))}, expected {list(shape)} from "
+                                f"config.json "
                                 f"({_describe(config)})")
         if ckpt.dtype(name) not in SUPPORTED:
             raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} has dtype "
@@ -247,7 +251,8 @@ def _token_ids_from(doc: dict, key: str, where: str) -> tuple[int, ...] | None:
 
 
 def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> ModelConfig:
-    """BOS/EOS from config.json, overridden by generation_config.json, else tokenizer_config.json."""
+    """BOS/EOS from config.json, overridden by generation_config.json, else
+    tokenizer_config.json."""
     bos = (config.bos_token_id,) if config.bos_token_id is not None else None
     eos = config.eos_token_ids or None
     gen_path = path / "generation_config.json"
@@ -283,7 +288,7 @@ def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> M
 
 def random_model(config: ModelConfig, *, seed: int = 0, device: str = "cpu", dtype=None,
                  scale: float = 0.02) -> Model:
-    """A model with random normal weights (std `scale`; norm weights 1 + that), deterministic per seed.
+    """A model with random normal weights (std `scale`; norm weights 1 + that), seeded.
 
     No files, no tokenizer: for tests and benchmarks. Larger scale -> peakier logits.
     """

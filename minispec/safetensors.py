@@ -1,11 +1,11 @@
 """Reading and writing .safetensors files: header checks, memory-mapped tensors, BF16, shards.
 
-The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length N, N bytes of
-JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the raw
-little-endian tensor bytes, offsets relative to the end of the header. We parse the header ourselves and
-check every number in it against the file size before touching the data, so a lying header raises
-MinispecError instead of allocating or reading out of bounds. Tensors are views into a numpy.memmap:
-nothing is read until it is used. Never pickle: .bin / .pt checkpoints are refused.
+The format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length N, N
+bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then
+the raw little-endian tensor bytes, offsets relative to the end of the header. We parse the header
+ourselves and check every number in it against the file size before touching the data, so a lying
+header raises MinispecError instead of allocating or reading out of bounds. Tensors are views into a
+numpy.memmap: nothing is read until it is used. Never pickle: .bin / .pt checkpoints are refused.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import MinispecError
 
-# bytes per element of every dtype the format defines (to check sizes); minispec reads the first three
+# bytes per element of every dtype the format defines (to check sizes); minispec reads the first 3
 ITEMSIZE = {
     "F32": 4, "F16": 2, "BF16": 2,
     "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1,
@@ -36,7 +36,7 @@ SINGLE_NAME = "model.safetensors"
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Where one tensor lives in a file: dtype, shape and byte range (relative to the data section)."""
+    """Where one tensor lives in a file: dtype, shape, byte range (relative to the data section)."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -86,13 +86,13 @@ class SafetensorsFile:
         return self._mm
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor `name` as float32 (BF16 is converted) or float16; F32/F16 are read-only views."""
+        """The tensor `name` as float32 (BF16 converted) or float16; F32/F16 are read-only views."""
         info = self.tensors.get(name)
         if info is None:
             raise MinispecError(f"{self.path}: no tensor named {name!r}")
         if info.dtype not in SUPPORTED:
-            raise MinispecError(f"{self.path}: tensor {name!r} has dtype {info.dtype}; minispec reads "
-                                f"{', '.join(SUPPORTED)}")
+            raise MinispecError(f"{self.path}: tensor {name!r} has dtype {info.dtype}; minispec "
+                                f"reads {', '.join(SUPPORTED)}")
         raw = self._data()[info.begin:info.end]
         if info.dtype == "BF16":
             return bf16_to_f32(raw.view("<u2")).reshape(info.shape)

@@ -1,7 +1,9 @@
-"""A thin layer over the `tokenizers` library: text <-> token ids for a model directory's tokenizer.json.
+"""A thin layer over the `tokenizers` library: text <-> token ids for a model directory's
+tokenizer.json.
 
 Special tokens are handled here, explicitly: encode() never lets the tokenizer's post-processor add
-anything and prepends BOS itself when the model's tokenizer would (Llama does, Qwen2 and GPT-2 don't).
+anything and prepends BOS itself when the model's tokenizer would (Llama does, Qwen2 and GPT-2
+don't).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from .errors import MinispecError
 
 
 class Tokenizer:
-    """Text <-> ids. bos_id: the id encode(add_bos=True) prepends, None when the model adds no BOS."""
+    """Text <-> ids. bos_id: the id encode(add_bos=True) prepends; None: the model adds no BOS."""
 
     def __init__(self, tok: Any, *, bos_id: int | None = None, eos_id: int | None = None,
                  source: str = "tokenizer.json"):

@@ -159,8 +159,8 @@ def _rewrite(tmp_path, edit):
 def test_missing_tensor(tmp_path):
     _saved(tmp_path)
     _rewrite(tmp_path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(MinispecError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' is missing "
-                                            r"from the checkpoint \(expected shape \[64, 32\]"):
+    missing = r"tensor 'model.layers.1.mlp.up_proj.weight' is missing from the checkpoint "
+    with pytest.raises(MinispecError, match=missing + r"\(expected shape \[64, 32\]"):
         load(tmp_path)
 
 
@@ -261,7 +261,7 @@ def test_tokenizer_llama_style_adds_bos(tmp_path):
 
 
 def test_tokenizer_without_bos_template(tmp_path):
-    _saved(tmp_path)  # config.json has bos_token_id 1, but this tokenizer adds nothing (GPT-2, Qwen)
+    _saved(tmp_path)  # config.json has bos_token_id 1, but this tokenizer adds none (GPT-2, Qwen)
     _write_tokenizer(tmp_path, bos_template=False)
     tok = load(tmp_path, device="cpu").tokenizer
     assert tok.bos_id is None and tok.encode("hello world") == [3, 4]
