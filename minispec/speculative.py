@@ -296,7 +296,11 @@ def check_tree_draft(draft, tokens, q, gamma: int, drafter) -> Draft:
 def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
     """verify's output as a list, or MinispecError if it is not a kept prefix of the drafts plus
     one token id in 0..V-1."""
-    out = np.asarray(emitted).ravel().tolist()
+    try:
+        arr = np.asarray(emitted)
+    except (TypeError, ValueError):  # ragged or otherwise not an array
+        arr = np.empty((0, 0))
+    out = arr.tolist() if arr.ndim == 1 else [arr.tolist()]  # a nested list is refused below
     g = len(drafts)
     if (not 1 <= len(out) <= g + 1 or out[:-1] != drafts[: len(out) - 1]
             or not all(isinstance(t, int) for t in out) or not 0 <= out[-1] < V):

@@ -47,7 +47,8 @@ def test_the_verify_parameter_is_what_decides():
     assert a == b and a != c
 
 
-@pytest.mark.parametrize("returns", [[], [99], [1.5], "x", [[0, 1]]])
+@pytest.mark.parametrize("returns", [[], [99], [1.5], "x", [[0, 1]], [[1]], np.array([[1]]),
+                                     None, [1, [2]]])
 def test_a_verify_that_breaks_the_contract_is_named(returns):
     def bad_verify(p, q, draft_tokens, rng):
         return returns
