@@ -30,11 +30,13 @@ HELP = """commands:
   /top_k N        0 is off
   /top_p X        1 is off
   /length N       max new tokens
-  /drafter NAME   model | ngram | early-exit | model-tree | medusa
+  /drafter NAME   model | ngram | early-exit | model-tree | medusa | eagle
+  /seed N         the sampling seed
+  /settings       show the current settings
   /speculative    toggle speculative / plain autoregressive decoding
   /trace          toggle the per-round trace
   /help           this text
-  /quit           leave (also Ctrl-D)"""
+  /quit           leave (also Ctrl-D); Ctrl-C stops a generation"""
 
 
 @dataclass
@@ -60,7 +62,7 @@ def shipped_pair() -> tuple[Path, Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="minispec",
+        prog="minispec", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Speculative decoding from scratch (NumPy/CuPy). "
         "Subcommands: `minispec bench -h`, `minispec sweep -h`, `minispec drafters -h`, "
         "`minispec crossover -h`, `minispec serve -h`.",
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", type=Path, default=target,
                     help="target model directory (HF layout)")
     ap.add_argument("--draft", type=Path, default=None,
-                    help=f"draft model directory (default {draft} with the shipped target)")
+                    help=f"draft model directory (with the shipped target: {draft})")
     ap.add_argument("--drafter", choices=list(DRAFTERS), default="model",
                     help="what proposes the drafts (model-tree and medusa draft trees)")
     ap.add_argument("--exit-layer", type=int, default=None,
@@ -80,14 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dynamic", default=None, metavar="BEAM,NODES",
                     help="eagle: grow the --tree dynamically (EAGLE-2), expanding the BEAM most "
                     "probable nodes per depth and keeping the NODES most probable")
-    ap.add_argument("--prompt", default=None, help="prompt text; without it, an interactive prompt")
+    ap.add_argument("--prompt", default=None,
+                    help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    ap.add_argument("--max-new-tokens", type=int, default=64,
+                    help="new tokens to generate (at most what the context leaves; a notice says "
+                    "when it caps)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the drafts)")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
+                    help="auto: the GPU when CuPy sees one")
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS threads for NumPy (default 1: a decode step's small matmuls are "
                     "faster on one thread on small or busy machines; raise it for large models)")
@@ -154,16 +160,16 @@ class Session:
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
                                  exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic)
 
-    def generate(self, prompt: str, speculative: bool):
+    def generate(self, prompt: str, speculative: bool, on_round=None):
         from .drafters import NoDrafter
         from .speculative import Request, generate
 
         s = self.settings
         ids = self.target.tokenizer.encode(prompt)
         request = Request(s.max_new_tokens, self.target.config.eos_token_ids, s.seed)
-        if speculative:
-            return generate(self.target, self.drafter(), ids, s.sampling, request, gamma=s.gamma)
-        return generate(self.target, NoDrafter(self.target), ids, s.sampling, request, gamma=0)
+        drafter = self.drafter() if speculative else NoDrafter(self.target)
+        return generate(self.target, drafter, ids, s.sampling, request,
+                        gamma=s.gamma if speculative else 0, on_round=on_round)
 
     def warm_up(self, prompt: str) -> None:
         s = self.settings
@@ -174,17 +180,42 @@ class Session:
         finally:
             s.max_new_tokens = length
 
+    def cap_notice(self, prompt: str) -> str | None:
+        """A notice when the context leaves fewer positions than --max-new-tokens asks for."""
+        n = len(self.target.tokenizer.encode(prompt))
+        ctx = self.target.config.max_position_embeddings
+        if n + self.settings.max_new_tokens > ctx:
+            return (f"note: at most {max(0, ctx - n)} new tokens fit after this {n}-token prompt "
+                    f"(the context is {ctx} positions); max_new_tokens "
+                    f"{self.settings.max_new_tokens} is capped")
+        return None
+
     def run(self, prompt: str, compare: bool = False) -> None:
+        """Generate, showing the tokens as each round emits them (accepted drafts, the
+        correction and the bonus token in their colors on a terminal), then the statistics."""
         s = self.settings
         if compare:  # one short untimed run of each first, so neither pays the first-call costs
             self.warm_up(prompt)
-        result = self.generate(prompt, s.speculative)
+        notice = self.cap_notice(prompt)
+        if notice:
+            print(notice, file=sys.stderr)
         tok = self.target.tokenizer
+        print(prompt, end="", flush=True)
+
+        def stream(r) -> None:
+            if not self.color or not s.speculative:
+                print(tok.decode(r.emitted), end="", flush=True)
+                return
+            kept = tok.decode(r.emitted[: r.accepted])
+            last = tok.decode(r.emitted[r.accepted:])
+            color = YELLOW if r.kind == "bonus" else CYAN
+            print(f"{GREEN}{kept}{RESET}{color}{last}{RESET}", end="", flush=True)
+
+        result = self.generate(prompt, s.speculative, on_round=stream)
+        print("\n")
         if s.trace and s.speculative:
             print(render_trace(result.stats.rounds, tok.decode, self.color))
             print()
-        print(prompt + tok.decode(result.tokens))
-        print()
         print(format_stats(result, speculative=s.speculative))
         if compare:
             base = self.generate(prompt, not s.speculative)
@@ -237,54 +268,102 @@ def format_stats(result, speculative: bool) -> str:
 
 
 def command(session: Session, line: str) -> bool:
-    """Apply one /command; False means quit."""
+    """Apply one /command; False means quit. Every value is checked at once: a bad one leaves
+    the setting as it was and says why, in one wording: "error: /NAME: ..."."""
     s = session.settings
     name, _, arg = line[1:].partition(" ")
     arg = arg.strip()
+
     def sampling(**change):  # a new Sampling: checked at once
         s.sampling = dataclasses.replace(s.sampling, **change)
+
+    def length(a):
+        n = int(a)
+        if n < 1:
+            raise MinispecError(f"max_new_tokens: expected a positive integer, got {a!r}")
+        s.max_new_tokens = n
+
+    def drafter(a):
+        if a not in DRAFTERS:
+            raise MinispecError(f"drafter: expected one of {' | '.join(DRAFTERS)}, got {a!r}")
+        old, s.drafter = s.drafter, a
+        try:
+            session.drafter()  # built once now, so a missing model or file shows here
+        except MinispecError:
+            s.drafter = old
+            raise
 
     setters = {
         "gamma": lambda a: setattr(s, "gamma", parse_gamma(a)),
         "temperature": lambda a: sampling(temperature=float(a)),
         "top_k": lambda a: sampling(top_k=int(a)),
         "top_p": lambda a: sampling(top_p=float(a)),
-        "length": lambda a: setattr(s, "max_new_tokens", int(a)),
-        "drafter": lambda a: setattr(s, "drafter", a),
+        "length": length,
+        "drafter": drafter,
+        "seed": lambda a: setattr(s, "seed", int(a)),
     }
     if name in ("quit", "exit", "q"):
         return False
     if name == "help":
         print(HELP)
+    elif name == "settings":
+        print(describe_settings(s))
     elif name == "speculative":
         s.speculative = not s.speculative
         print("speculative decoding" if s.speculative else "plain autoregressive decoding")
     elif name == "trace":
         s.trace = not s.trace
         print(f"trace {'on' if s.trace else 'off'}")
-    elif name in setters and arg:
+    elif name in setters:
+        if not arg:
+            print(f"error: /{name}: give a value (see /help)")
+            return True
         try:
             setters[name](arg)
         except ValueError:
-            print(f"/{name}: could not read {arg!r} (see /help)")
+            print(f"error: /{name}: could not read {arg!r} as a number (see /help)")
             return True
         except MinispecError as e:
-            print(f"error: {e}")
+            print(f"error: /{name}: {e}")
             return True
         print(f"{name} = {arg}")
     else:
-        print(f"unknown command or missing value: {line!r} (see /help)")
+        print(f"error: unknown command {line!r} (see /help)")
     return True
 
 
+def describe_settings(s: Settings) -> str:
+    """The current settings, one per line (/settings)."""
+    sp = s.sampling
+    return "\n".join([
+        f"  mode         {'speculative' if s.speculative else 'plain autoregressive'}",
+        f"  drafter      {s.drafter}" + (f" (tree {','.join(map(str, s.tree))})"
+                                         if s.tree else ""),
+        f"  gamma        {s.gamma}",
+        f"  temperature  {sp.temperature:g}   top_k {sp.top_k}   top_p {sp.top_p:g}",
+        f"  length       {s.max_new_tokens}",
+        f"  seed         {s.seed}",
+        f"  trace        {'on' if s.trace else 'off'}"])
+
+
 def interactive(session: Session) -> None:
-    print("minispec: type a prompt, or /help. Ctrl-D quits.")
+    """The REPL: line editing and history (readline), Ctrl-C stops the generation in progress
+    (or clears the line) and keeps the settings, Ctrl-D quits."""
+    try:
+        import readline  # noqa: F401  (importing it gives input() line editing and history)
+    except ImportError:  # not on every platform
+        pass
+    print("minispec: type a prompt; /help for commands, /settings for the current ones. "
+          "Ctrl-C stops a generation, Ctrl-D quits.")
     while True:
         try:
             line = input(">>> ")
         except EOFError:
             print()
             return
+        except KeyboardInterrupt:
+            print()
+            continue
         if not line.strip():
             continue
         if line.startswith("/"):
@@ -293,6 +372,8 @@ def interactive(session: Session) -> None:
             continue
         try:
             session.run(line)
+        except KeyboardInterrupt:
+            print("\n(stopped; settings kept)")
         except MinispecError as e:
             print(f"error: {e}")
 

@@ -8,6 +8,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from minispec.cli import main, shipped_pair
 from minispec.config import ModelConfig
+from minispec.errors import MinispecError
 from minispec.loader import random_model, save_checkpoint
 
 
@@ -42,7 +43,8 @@ def test_generate_compare_trace(pair, capsys):
                      "--max-new-tokens", 10, "--gamma", 3, "--compare", "--trace", "--no-color",
                      "--device", "cpu")
     assert rc == 0
-    assert out.startswith("accepted ~rejected~ [->correction] [+bonus]")
+    assert out.startswith("def f(x):")  # the text first, streamed round by round
+    assert "\naccepted ~rejected~ [->correction] [+bonus]\n" in out  # then the trace
     calls = int(re.search(r"(\d+) target calls", out).group(1))
     # one trace line per round
     assert len(re.findall(r"^round +\d+ \|", out, re.MULTILINE)) == calls
@@ -107,3 +109,54 @@ def test_shipped_pair_is_the_default(capsys):
     rc, out, _ = run(capsys, "--prompt", "import os\n", "--max-new-tokens", 6, "--device", "cpu")
     assert rc == 0
     assert "speculative (model drafter): 6 tokens" in out
+
+
+class _Session:
+    """What command() needs of a Session: settings and a drafter to build."""
+
+    def __init__(self):
+        from minispec.cli import Settings
+
+        self.settings = Settings()
+        self.built = []
+
+    def drafter(self):
+        self.built.append(self.settings.drafter)
+        if self.settings.drafter == "medusa":
+            raise MinispecError("weights/medusa: not a Medusa heads directory")
+
+
+@pytest.mark.parametrize("line, setting", [
+    ("/gamma 0", "gamma"), ("/gamma x", "gamma"), ("/temperature -1", "sampling"),
+    ("/top_p 2", "sampling"), ("/top_k -3", "sampling"), ("/length 0", "max_new_tokens"),
+    ("/drafter foo", "drafter"), ("/drafter medusa", "drafter"), ("/gamma", "gamma")])
+def test_every_slash_command_checks_its_value_at_once(capsys, line, setting):
+    from minispec.cli import command
+
+    session = _Session()
+    before = getattr(session.settings, setting)
+    assert command(session, line) is True
+    out = capsys.readouterr().out
+    assert out.startswith("error: /")  # one wording for every bad value
+    assert getattr(session.settings, setting) == before  # the setting is unchanged
+
+
+def test_settings_and_good_values(capsys):
+    from minispec.cli import command
+
+    session = _Session()
+    for line in ("/gamma auto", "/temperature 0.7", "/top_k 5", "/drafter ngram", "/seed 3"):
+        command(session, line)
+    command(session, "/settings")
+    out = capsys.readouterr().out
+    assert "gamma        auto" in out and "temperature  0.7" in out and "top_k 5" in out
+    assert "drafter      ngram" in out and "seed         3" in out
+    assert session.built == ["ngram"]  # the drafter was built when chosen
+    assert command(session, "/quit") is False
+
+
+def test_a_capped_length_is_said(pair, capsys):
+    target, draft = pair
+    rc, out, err = run(capsys, "--target", target, "--draft", draft, "--prompt", "def f(x):",
+                       "--max-new-tokens", 100000, "--device", "cpu")
+    assert rc == 0 and "is capped" in err and "max_new_tokens 100000" in err
