@@ -160,3 +160,17 @@ def test_a_capped_length_is_said(pair, capsys):
     rc, out, err = run(capsys, "--target", target, "--draft", draft, "--prompt", "def f(x):",
                        "--max-new-tokens", 100000, "--device", "cpu")
     assert rc == 0 and "is capped" in err and "max_new_tokens 100000" in err
+
+
+def test_every_flag_the_readme_shows_exists():
+    from pathlib import Path
+
+    from minispec.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme[readme.index("## The command line"):readme.index("## How it is built")]
+    named = set(re.findall(r"(--[a-z][a-z-]+)", block.split("python -m minispec bench")[0]))
+    known = {opt for action in build_parser()._actions for opt in action.option_strings}
+    assert named and named <= known, named - known
+    drafters = re.search(r"--drafter ([a-z|-]+)\]", block).group(1).split("|")
+    assert set(drafters) == set(build_parser()._option_string_actions["--drafter"].choices)
