@@ -214,6 +214,19 @@ class Row:
     passed: bool = False
     hist: tuple | None = field(default=None, repr=False)  # (labels, exact, empirical) for --plot
 
+    def __post_init__(self) -> None:
+        progress(f"part {self.part} {self.control or 'true'}: {self.config}, {self.test}: "
+                 f"p = {fmt_p(self.fit.pvalue)}")
+
+
+START = time.perf_counter()
+
+
+def progress(line: str) -> None:
+    """A line on stderr as each row completes, when stderr is a terminal (quiet otherwise)."""
+    if sys.stderr.isatty():
+        print(f"  [{time.perf_counter() - START:6.1f} s] {line}", file=sys.stderr, flush=True)
+
 
 # ------------------------------------------------------------------- part 1: the verify step
 
