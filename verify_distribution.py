@@ -191,7 +191,14 @@ def load_sampler(spec: str) -> Sampler:
     if not sep or not module_name or not fn_name:
         raise SystemExit(f"--sampler: expected module:function, got {spec!r}")
     sys.path.insert(0, os.getcwd())
-    fn = getattr(importlib.import_module(module_name), fn_name, None)
+    module = importlib.import_module(module_name)
+    missing = [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+    if missing:  # a missing dependency is not a verdict on the sampler: status 3, not 1
+        print(f"verify_distribution: --sampler {spec} needs {' and '.join(missing)}, not "
+              f"installed here; nothing was tested (pip install {' '.join(missing)})",
+              file=sys.stderr)
+        raise SystemExit(3)
+    fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise SystemExit(f"--sampler: {module_name} has no function {fn_name!r}")
     return fn

@@ -23,6 +23,8 @@ import numpy as np
 
 from .errors import MinispecError
 
+REQUIRES = ("torch", "transformers")  # verify_distribution checks these before judging
+
 
 @functools.cache
 def find_speculative_sampling() -> Callable:

@@ -161,3 +161,15 @@ def test_transformers_assisted_generation_end_to_end(tmp_path):
                    "200")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS: 1/1 true tests pass, 4/4 controls rejected" in r.stdout
+
+
+def test_a_sampler_whose_dependency_is_missing_is_not_judged(tmp_path):
+    (tmp_path / "needs_nothing_here.py").write_text(
+        "REQUIRES = ('a_package_that_is_not_installed',)\n"
+        "def verify(p, q, d, rng):\n    raise AssertionError('never called')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    r = subprocess.run([sys.executable, str(ROOT / "verify_distribution.py"), "--quick",
+                        "--sampler", "needs_nothing_here:verify"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "needs a_package_that_is_not_installed" in r.stderr and "FAIL" not in r.stdout
