@@ -209,7 +209,13 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     dtype: compute dtype, None -> float32 ("float16" is meant for the GPU). device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
     """
+    if not isinstance(path, (str, Path)):
+        raise MinispecError(f"load: path must be a directory path (str or Path), got "
+                            f"{type(path).__name__}")
     path = Path(path)
+    if not path.exists():
+        raise MinispecError(f"{path}: does not exist (expected a model directory with "
+                            f"config.json and model.safetensors)")
     if not path.is_dir():
         raise MinispecError(f"{path}: not a model directory (expected config.json and "
                             f"model.safetensors in it)")

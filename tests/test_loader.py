@@ -126,8 +126,14 @@ def test_gpt2_without_transformer_prefix(tmp_path):
 
 
 def test_not_a_directory_and_missing_files(tmp_path):
-    with pytest.raises(MinispecError, match="nowhere: not a model directory"):
+    with pytest.raises(MinispecError, match="nowhere: does not exist"):
         load(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(MinispecError, match="a_file: not a model directory"):
+        load(tmp_path / "a_file")
+    for bad in (None, 123):
+        with pytest.raises(MinispecError, match="path must be a directory path"):
+            load(bad)
     with pytest.raises(MinispecError, match="config.json: file not found"):
         load(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "llama",')
