@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", action="store_true",
                     help="show each round: accepted (green), rejected (red), correction or bonus")
     ap.add_argument("--no-color", action="store_true", help="plain-text trace markers")
+    ap.add_argument("--html", metavar="FILE", default=None,
+                    help="with --prompt: write the generation as one HTML page, round by round "
+                    "(drafts, q(x), p(x), the uniform r, verdicts, residuals)")
     return ap
 
 
@@ -160,7 +163,7 @@ class Session:
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
                                  exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic)
 
-    def generate(self, prompt: str, speculative: bool, on_round=None):
+    def generate(self, prompt: str, speculative: bool, on_round=None, verify=None):
         from .drafters import NoDrafter
         from .speculative import Request, generate
 
@@ -168,8 +171,29 @@ class Session:
         ids = self.target.tokenizer.encode(prompt)
         request = Request(s.max_new_tokens, self.target.config.eos_token_ids, s.seed)
         drafter = self.drafter() if speculative else NoDrafter(self.target)
+        kw = {} if verify is None else {"verify": verify}
         return generate(self.target, drafter, ids, s.sampling, request,
-                        gamma=s.gamma if speculative else 0, on_round=on_round)
+                        gamma=s.gamma if speculative else 0, on_round=on_round, **kw)
+
+    def write_html(self, prompt: str, path: str) -> None:
+        """--html: the generation as one self-contained page (minispec/html_trace.py)."""
+        from .html_trace import TracedVerify, page
+
+        s = self.settings
+        if s.drafter in ("model-tree", "medusa") or (s.drafter == "eagle" and s.tree):
+            raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
+                                "early-exit, eagle without --tree)")
+        traced = TracedVerify()
+        result = self.generate(prompt, True, verify=traced)
+        title = (f"minispec: {s.drafter} drafter, gamma {s.gamma}, temperature "
+                 f"{s.sampling.temperature:g}")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(page(prompt, result, traced, self.target.tokenizer.decode, title))
+        except OSError as e:
+            raise MinispecError(f"--html {path}: cannot write ({e.strerror})") from None
+        print(f"wrote {path}: {len(result.stats.rounds)} rounds, {result.stats.new_tokens} "
+              "tokens")
 
     def warm_up(self, prompt: str) -> None:
         s = self.settings
@@ -402,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         session = Session(args)
         if args.prompt is None:
             interactive(session)
+        elif args.html:
+            session.write_html(args.prompt, args.html)
         else:
             session.run(args.prompt, compare=args.compare)
     except MinispecError as e:

@@ -1,0 +1,109 @@
+"""`--html FILE`: one self-contained HTML page of a generation, round by round: the algorithm,
+visible. For each draft x: q(x), p(x), the uniform r and the verdict (kept when r q(x) < p(x));
+at a rejection the residual norm(max(0, p - q))'s most likely tokens and the one drawn; the
+bonus token when every draft was kept; totals at the end.
+
+The page is built by a verify step that wraps minispec.verify without changing it: it copies the
+random generator before the call and replays the uniforms verify drew (one per draft it tested,
+in order, then one for the correction or bonus draw), so what the page shows are the numbers the
+real step used. Chain drafters only (a tree's walk is minispec/tree.py's).
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+
+import numpy as np
+
+from .verify import verify as minispec_verify
+
+
+class TracedVerify:
+    """A verify step with verify's signature that records each call (see the module docstring)."""
+
+    __name__ = "verify"
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, p, q, draft_tokens, rng):
+        replay = copy.deepcopy(rng)
+        emitted = minispec_verify(p, q, draft_tokens, rng)
+        p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+        drafts = [int(t) for t in draft_tokens]
+        steps = []
+        for i, x in enumerate(drafts[: len(emitted)]):
+            r = replay.random()
+            kept = bool(r * q[i, x] < p[i, x])
+            steps.append({"token": x, "q": float(q[i, x]), "p": float(p[i, x]), "r": r,
+                          "kept": kept})
+            if not kept:
+                break
+        rejected = bool(steps) and not steps[-1]["kept"]
+        i = len(steps) - 1 if rejected else len(drafts)
+        dist = np.maximum(p[i] - q[i], 0.0) if rejected else p[i]
+        dist = dist / dist.sum() if dist.sum() > 0 else p[i]
+        top = np.argsort(-dist, kind="stable")[:5]
+        self.calls.append({"steps": steps, "rejected": rejected, "final": int(emitted[-1]),
+                           "final_prob": float(dist[int(emitted[-1])]),
+                           "top": [(int(t), float(dist[t])) for t in top if dist[t] > 0]})
+        return emitted
+
+
+def page(prompt: str, result, traced: TracedVerify, decode, title: str) -> str:
+    """The HTML page for one generation (`result`, a GenerationResult) made with `traced`."""
+
+    def tok(t: int) -> str:
+        return f"<code>{html.escape(repr(decode([t]))[1:-1])}</code>"
+
+    rounds = []
+    for n, (rd, call) in enumerate(zip(result.stats.rounds, traced.calls), 1):
+        rows = "".join(
+            f"<tr class={'kept' if s['kept'] else 'rejected'}><td>{tok(s['token'])}</td>"
+            f"<td>{s['q']:.4f}</td><td>{s['p']:.4f}</td><td>{s['r']:.4f}</td>"
+            f"<td>{'kept (r&middot;q &lt; p)' if s['kept'] else 'rejected (r&middot;q &ge; p)'}"
+            f"</td></tr>" for s in call["steps"])
+        untested = rd.drafted[len(call["steps"]):]
+        skipped = (f"<p class=note>not tested after the rejection: "
+                   f"{' '.join(tok(t) for t in untested)}</p>" if untested else "")
+        kind = "correction, from norm(max(0, p - q))" if call["rejected"] else (
+            "bonus, from p after the last draft" if rd.drafted else "the target's own token")
+        top = ", ".join(f"{tok(t)} {pr:.3f}" for t, pr in call["top"])
+        table = (f"<table><tr><th>draft x</th><th>q(x)</th><th>p(x)</th><th>r</th>"
+                 f"<th>verdict</th></tr>{rows}</table>" if rows else "<p class=note>no drafts "
+                 "this round</p>")
+        rounds.append(
+            f"<section><h2>round {n}: {len(rd.emitted)} token{'s' * (len(rd.emitted) != 1)} "
+            f"from one target call</h2>{table}{skipped}"
+            f"<p class={'corr' if call['rejected'] else 'bonus'}>{kind}: {tok(call['final'])} "
+            f"(probability {call['final_prob']:.3f}); most likely: {top}</p></section>")
+    st = result.stats
+    text = html.escape(prompt) + "".join(
+        f"<span class=k>{html.escape(decode(rd.emitted[: rd.accepted]))}</span>"
+        f"<span class={'b' if rd.kind == 'bonus' else 'c'}>"
+        f"{html.escape(decode(rd.emitted[rd.accepted:]))}</span>" for rd in st.rounds)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; max-width: 60em; margin: 2em auto; color: #222; }}
+pre {{ background: #f6f6f6; padding: 1em; white-space: pre-wrap; }}
+table {{ border-collapse: collapse; margin: .3em 0; }}
+td, th {{ border: 1px solid #ccc; padding: .15em .6em; text-align: right; }}
+tr.kept td {{ background: #e3f6e3; }} tr.rejected td {{ background: #fbe3e3; }}
+.k {{ background: #e3f6e3; }} .c {{ background: #dff0fb; }} .b {{ background: #fff3c4; }}
+p.corr {{ color: #05608f; }} p.bonus {{ color: #8a6d00; }} p.note {{ color: #777; }}
+section {{ border-top: 1px solid #ddd; padding-top: .3em; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<p>Each round: the drafter proposed tokens x drawn from q; the target scored them all in one call
+(p). A draft is kept when the uniform r satisfies r&middot;q(x) &lt; p(x), that is with probability
+min(1, p(x)/q(x)); the first rejected one is replaced by a draw from norm(max(0, p - q)); if every
+draft is kept the target adds a bonus token from its next distribution.
+<span class=k>kept drafts</span> <span class=c>correction</span> <span class=b>bonus</span></p>
+<pre>{text}</pre>
+<p><b>{st.new_tokens}</b> tokens, <b>{st.target_calls}</b> target calls
+({st.tokens_per_target_call:.2f} tokens per call), {st.accepted} of {st.drafted} drafts kept,
+stopped by {html.escape(result.stop_reason)}.</p>
+{''.join(rounds)}
+</body></html>
+"""
