@@ -38,6 +38,7 @@ from ..backend import blas_threads
 from ..errors import MinispecError
 from ..sampling import Sampling
 from ..shipped import SHIPPED
+from . import harness
 from .harness import (
     COST_CONTEXT,
     benchmark_eos,
@@ -234,6 +235,7 @@ def run(args: argparse.Namespace) -> dict:
     cores = report["machine"]["cores"] or 1
     with blas_threads(args.threads) as n_threads:
         report["settings"]["blas_threads"] = n_threads
+        harness.progress("step costs, the verify-cost curve and the memory bandwidth")
         report["costs"] = _measure_costs(target, draft, context, step_repeats, copy_big,
                                          args.threads, cores, args.quick)
         hf = _hf_load_pair(args, args.threads) if use_hf else None

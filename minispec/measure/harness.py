@@ -26,6 +26,7 @@ import contextlib
 import importlib.metadata
 import json
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -148,6 +149,13 @@ def synthetic_prompts(vocab_size: int, n: int, length: int = 32, seed: int = 0
 
 # ---------------------------------------------------------------------------------------------
 # timing primitives
+
+
+def progress(message: str) -> None:
+    """Where a long measurement is, on stderr when it is a terminal (quiet when piped or
+    redirected, as under --json in scripts and CI)."""
+    if sys.stderr.isatty():
+        print(f"  ... {message}", file=sys.stderr, flush=True)
 
 
 def median(xs: Sequence[float]) -> float:
@@ -374,9 +382,11 @@ def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
         generate(list(prompts[0]))
     passes: dict[str, list[float]] = {name: [] for name in methods}
     last: dict[str, list] = {}
-    for _ in range(repeats):
+    for i in range(repeats):
         if between is not None:
             between()
+        progress(f"timed pass {i + 1}/{repeats} over {len(prompts)} prompts: "
+                 f"{', '.join(methods)}")
         for name, generate in methods.items():
             t0 = time.perf_counter()
             last[name] = [generate(list(p)) for p in prompts]

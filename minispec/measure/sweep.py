@@ -73,6 +73,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
 
     rows, ar_speeds, ar_tokens, steps = [], [], [], []
     for gamma in gammas:
+        harness.progress(f"gamma {gamma} of {', '.join(map(str, gammas))}")
         # everything a row compares is measured together, gamma by gamma: on a shared machine
         # the load drifts over a sweep, and a ratio should compare times taken under one load
         d = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
