@@ -148,18 +148,38 @@ def read_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_hf(hf, str(path))
 
 
-def read_json(path: Path) -> Any:
-    """json.load with MinispecError naming the file for a missing or corrupt file."""
+MAX_JSON_BYTES = 64 * 2**20  # config.json and friends are kilobytes; tokenizer.json megabytes
+
+
+def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """json.load with MinispecError naming the file for a missing, special (a FIFO would hang
+    the read), oversized or corrupt file; integers of more than 30 digits, NaN/Infinity and
+    nesting deeper than Python's recursion limit are refused as corrupt."""
+    if not path.exists():
+        raise MinispecError(f"{path}: file not found")
+    if not path.is_file():
+        raise MinispecError(f"{path}: not a regular file")
     try:
+        if path.stat().st_size > max_bytes:
+            raise MinispecError(f"{path}: {path.stat().st_size} bytes, more than the "
+                                f"{max_bytes} a JSON file here may have")
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MinispecError(f"{path}: file not found") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise MinispecError(f"{path}: cannot read ({e})") from None
+        raise MinispecError(f"{path}: cannot read ({str(e)[:200]})") from None
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise MinispecError(f"{path}: not valid JSON ({e})") from None
+        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError, RecursionError) as e:
+        raise MinispecError(f"{path}: not valid JSON ({str(e)[:200]})") from None
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > 30:
+        raise ValueError(f"an integer of {len(s)} digits")
+    return int(s)
+
+
+def _no_constant(s: str):
+    raise ValueError(f"{s} is not a JSON number")
 
 
 def _check_rope_scaling(rs: Any, where: str) -> dict[str, Any] | None:

@@ -100,6 +100,8 @@ class SafetensorsFile:
 
 
 def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int]:
+    if path.exists() and not path.is_file():
+        raise MinispecError(f"{path}: not a regular file")
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -118,9 +120,10 @@ def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int
     except OSError as e:
         raise MinispecError(f"{path}: cannot read ({e})") from None
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MinispecError(f"{path}: header is not valid JSON ({e})") from None
+        header = json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
+                            parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise MinispecError(f"{path}: header is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(header, dict):
         raise MinispecError(f"{path}: header should be a JSON object, got {type(header).__name__}")
     metadata = header.pop("__metadata__", None) or {}
@@ -135,7 +138,21 @@ def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int
         if begin1 < end0:
             raise MinispecError(f"{path}: tensors {name0!r} and {name1!r} overlap in the file "
                                 f"(data_offsets)")
+    covered = sum(end - begin for begin, end, _ in spans)
+    if covered != data_size:  # the format: the tensors tile the data section exactly
+        raise MinispecError(f"{path}: the tensors' data_offsets cover {covered} bytes but the "
+                            f"data section has {data_size} (a shifted or truncated header?)")
     return metadata, tensors, 8 + n
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > 30:
+        raise ValueError(f"an integer of {len(s)} digits")
+    return int(s)
+
+
+def _no_constant(s: str):
+    raise ValueError(f"{s} is not a JSON number")
 
 
 def _check_entry(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:
@@ -143,20 +160,20 @@ def _check_entry(path: Path, name: str, entry: Any, data_size: int) -> TensorInf
     if not isinstance(entry, dict):
         raise MinispecError(f"{where}: header entry should be an object, got {entry!r}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in ITEMSIZE:
-        raise MinispecError(f"{where}: unknown dtype {dtype!r}; expected one of "
+    if not isinstance(dtype, str) or dtype not in ITEMSIZE:
+        raise MinispecError(f"{where}: unknown dtype {dtype!r:.60}; expected one of "
                             f"{', '.join(SUPPORTED)}")
 
     def ints(value: Any) -> bool:
         return isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
-    if not ints(shape):
-        raise MinispecError(f"{where}: shape should be a list of non-negative integers, got "
-                            f"{shape!r}")
+    if not ints(shape) or len(shape) > 8:
+        raise MinispecError(f"{where}: shape should be a list of at most 8 non-negative "
+                            f"integers, got {shape!r:.100}")
     if not ints(offsets) or len(offsets) != 2 or offsets[0] > offsets[1]:
         raise MinispecError(f"{where}: data_offsets should be [begin, end] with begin <= end, "
-                            f"got {offsets!r}")
+                            f"got {offsets!r:.100}")
     begin, end = offsets
     if end > data_size:
         raise MinispecError(f"{where}: data_offsets {offsets} run past the end of the data "

@@ -8,6 +8,7 @@ don't).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,21 @@ class Tokenizer:
         except ImportError:  # pragma: no cover - tokenizers is a runtime dependency
             raise MinispecError(f"{path}: reading it needs the 'tokenizers' package "
                                 f"(pip install tokenizers)") from None
+        from .config import read_json
+
+        doc = read_json(Path(path))
+        if not isinstance(doc, dict):
+            raise MinispecError(f"{path}: expected a JSON object")
+        # generation has no use for padding or truncation, and a huge fixed padding aborts the
+        # whole process inside the library: both are dropped before it sees the file
+        doc["padding"] = doc["truncation"] = None
         try:
-            tok = HFTokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exception on bad files
-            raise MinispecError(f"{path}: not a valid tokenizer.json ({e})") from None
+            tok = HFTokenizer.from_str(json.dumps(doc))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - its Rust panics derive from BaseException
+            raise MinispecError(f"{path}: not a valid tokenizer.json "
+                                f"({type(e).__name__}: {str(e)[:200]})") from None
         return cls(tok, source=str(path))
 
     @property

@@ -407,6 +407,8 @@ def test_make_drafter_errors_name_what_is_wrong():
     with pytest.raises(MinispecError, match="draft model"):
         make_drafter("model", TARGET)
     with pytest.raises(MinispecError, match=r"drafter: expected one of model \| ngram"):
+        make_drafter("lookahead", TARGET)
+    with pytest.raises(MinispecError, match="width"):  # the shipped heads fit the shipped target
         make_drafter("medusa", TARGET)
     for k in (0, 4, -1, 1.5, True):
         with pytest.raises(MinispecError, match="exit_layer"):

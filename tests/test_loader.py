@@ -294,5 +294,27 @@ def test_no_tokenizer_and_corrupt_tokenizer(tmp_path):
     _saved(tmp_path)
     assert load(tmp_path, device="cpu").tokenizer is None
     (tmp_path / "tokenizer.json").write_text("{broken")
+    with pytest.raises(MinispecError, match="tokenizer.json: not valid JSON"):
+        load(tmp_path, device="cpu")
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Nonsense"}}')
     with pytest.raises(MinispecError, match="tokenizer.json: not a valid tokenizer.json"):
         load(tmp_path, device="cpu")
+
+
+def test_a_fifo_or_a_huge_padding_is_refused_not_hung_or_aborted(tmp_path):
+    import json
+    import os
+
+    _saved(tmp_path)
+    os.mkfifo(tmp_path / "config.json.fifo")
+    os.replace(tmp_path / "config.json.fifo", tmp_path / "tokenizer.json")
+    with pytest.raises(MinispecError, match="tokenizer.json: not a regular file"):
+        load(tmp_path, device="cpu")  # reading a FIFO would wait for a writer forever
+    os.remove(tmp_path / "tokenizer.json")
+    _write_tokenizer(tmp_path, bos_template=False)
+    doc = json.loads((tmp_path / "tokenizer.json").read_text())
+    doc["padding"] = {"strategy": {"Fixed": 1000000000}, "direction": "Right",
+                      "pad_to_multiple_of": None, "pad_id": 0, "pad_type_id": 0,
+                      "pad_token": "[PAD]"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    assert load(tmp_path, device="cpu").tokenizer.encode("hello world") == [3, 4]  # no padding

@@ -76,7 +76,7 @@ GOOD = {"t": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
     ({"t": {"dtype": "F32", "shape": [10**9, 10**9], "data_offsets": [0, 16]}}, b"\0" * 16, None,
      "is 4000000000000000000 bytes"),
     ({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8, None,
-     "shape should be a list of non-negative integers"),
+     "shape should be a list of at most 8 non-negative integers"),
     ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, b"\0" * 8, None,
      "begin <= end"),
     ({"t": {"dtype": "F32", "shape": [2], "data_offsets": "0-8"}}, b"\0" * 8, None,
@@ -85,6 +85,10 @@ GOOD = {"t": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
       "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\0" * 12, None,
      "'a' and 'b' overlap"),
     ({"t": "F32"}, b"", None, "header entry should be an object"),
+    ({"t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, None,
+     "cover 4 bytes but the data section has 8"),  # the tensors must tile the data exactly
+    ({"t": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None,
+     "unknown dtype"),
     ({"__metadata__": 3}, b"", None, "__metadata__ should be an object"),
 ])
 def test_lying_headers(tmp_path, header, data, length, message):
