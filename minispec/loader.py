@@ -240,9 +240,24 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     if (path / "tokenizer.json").exists():
         tokenizer = Tokenizer.from_file(path / "tokenizer.json")
     config = _special_tokens(config, path, tokenizer)
-    weights = _build_weights(config, ckpt.get, _putter(xp, dt), prefix)
+    get = _finite_getter(ckpt)
+    weights = _build_weights(config, get, _putter(xp, dt), prefix)
     return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
                  name=path.resolve().name)
+
+
+def _finite_getter(ckpt):
+    """ckpt.get, refusing a tensor holding NaN or infinity (a flipped byte, a shifted header):
+    such weights load fine and then make every logit NaN, so greedy decoding would emit token 0
+    forever. Checked once per tensor at load, never per token."""
+    def get(name):
+        a = ckpt.get(name)
+        if not np.isfinite(a).all():
+            raise MinispecError(f"{ckpt.file_of(name)}: tensor {name!r} holds NaN or infinite "
+                                "values")
+        return a
+
+    return get
 
 
 def _token_ids_from(doc: dict, key: str, where: str) -> tuple[int, ...] | None:

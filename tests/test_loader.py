@@ -318,3 +318,11 @@ def test_a_fifo_or_a_huge_padding_is_refused_not_hung_or_aborted(tmp_path):
                       "pad_token": "[PAD]"}
     (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
     assert load(tmp_path, device="cpu").tokenizer.encode("hello world") == [3, 4]  # no padding
+
+
+def test_non_finite_weights_are_refused_at_load(tmp_path):
+    _saved(tmp_path)
+    _rewrite(tmp_path, lambda t: t["model.layers.0.mlp.up_proj.weight"].__setitem__(
+        (0, 0), np.nan))
+    with pytest.raises(MinispecError, match="up_proj.weight' holds NaN or infinite"):
+        load(tmp_path)
