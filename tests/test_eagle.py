@@ -138,3 +138,15 @@ def test_the_shipped_head_drafts_for_the_shipped_target_exactly():
         out = minispec.speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=32,
                                             temperature=0.0)
         assert out.tokens == base.tokens
+
+
+def test_eagle_drafts_for_a_batch_with_a_state_per_sequence():
+    drafter = random_eagle(TARGET, seed=4)
+    prompts = [[3, 17, 5], [9] * 7, [1, 2]]
+    out = minispec.generate_batch(TARGET, drafter, prompts, gamma=3, max_new_tokens=15,
+                                  temperature=0.0)
+    for prompt, r in zip(prompts, out):
+        alone = minispec.speculative_generate(TARGET, drafter, prompt, gamma=3,
+                                              max_new_tokens=15, temperature=0.0)
+        assert r.tokens == alone.tokens
+        assert [rd.drafted for rd in r.stats.rounds] == [rd.drafted for rd in alone.stats.rounds]

@@ -93,12 +93,11 @@ class EagleDrafter(Drafter):
     def start(self, prompt_ids, cache) -> None:
         """A new generation: the layer's cache and the store of true features, both empty."""
         n = cache.max_len  # the target's cache bounds every position this generation uses
-        if self.cache is None or self.cache.max_len < n + 64:
-            self.cache = self.layer.new_cache(min(n + 64,
-                                                  self.layer.config.max_position_embeddings))
-            self.feats = self.target.xp.zeros((self.cache.max_len, self.layer.config.hidden_size),
-                                              dtype=self.target.dtype)
-        self.cache.rollback(0)
+        # fresh arrays for every generation (one layer: small), never shared with a copy of this
+        # drafter serving another sequence of a batch
+        self.cache = self.layer.new_cache(min(n + 64, self.layer.config.max_position_embeddings))
+        self.feats = self.target.xp.zeros((self.cache.max_len, self.layer.config.hidden_size),
+                                          dtype=self.target.dtype)
         self.calls, self.known, self.synced = 0, 0, 0
 
     def accept(self, context, hidden) -> None:
