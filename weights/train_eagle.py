@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="uniform input noise, as a fraction of the features' std")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", default=None,
+                    help="start from this head's weights (a directory this script wrote)")
     ap.add_argument("--quick", action="store_true", help="a few steps: a smoke run")
     args = ap.parse_args(argv)
     if args.quick:
@@ -89,6 +91,13 @@ def main(argv: list[str] | None = None) -> None:
                                                  if k != "rope_theta"}))
     layer.norm = torch.nn.Identity()  # the output is a feature: before any final norm
     fc = torch.nn.Linear(2 * D, D)
+    if args.init:  # continue a run: the weights this script saved (F16) as the start
+        from safetensors.torch import load_file
+
+        saved = load_file(str(Path(args.init) / "model.safetensors"))
+        fc.load_state_dict({"weight": saved["fc.weight"].float(), "bias": saved["fc.bias"].float()})
+        layer.layers.load_state_dict({k[len("model.layers."):]: v.float()
+                                      for k, v in saved.items() if k.startswith("model.layers.")})
     params = [p for p in list(layer.parameters()) + list(fc.parameters()) if p.requires_grad]
     layer.embed_tokens.weight.requires_grad_(False)  # unused: the layer is fed inputs_embeds
     params = [p for p in params if p is not layer.embed_tokens.weight]
@@ -134,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     config = {"eagle_version": 1, **shape, "base_model": "../target",
               "about": "EAGLE-1 head for the shipped target: fc over (feature, next token) and "
                        "one Llama decoder layer; weights/train_eagle.py",
-              "training": {"seqs": args.seqs, "steps": args.steps, "batch": args.batch,
+              "training": {"init": args.init, "seqs": args.seqs, "steps": args.steps,
+                           "batch": args.batch,
                            "lr": args.lr, "cls": args.cls, "noise": args.noise,
                            "seed": args.seed, "threads": args.threads,
                            "seconds": round(time.time() - t_start)}}
