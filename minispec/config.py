@@ -9,6 +9,7 @@ trust the config.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,12 +213,12 @@ def _check_rope_scaling(rs: Any, where: str) -> dict[str, Any] | None:
 
 def _family(hf: dict[str, Any], source: str) -> str:
     model_type = hf.get("model_type")
-    if model_type in _MODEL_TYPES:
+    if isinstance(model_type, str) and model_type in _MODEL_TYPES:
         return _MODEL_TYPES[model_type]
     archs = hf.get("architectures") or []
     if model_type is None and isinstance(archs, list):
         for arch in archs:
-            if arch in _ARCHITECTURES:
+            if isinstance(arch, str) and arch in _ARCHITECTURES:
                 return _ARCHITECTURES[arch]
     raise MinispecError(
         f"{source}: model_type {model_type!r} (architectures {archs!r}) is not supported; "
@@ -244,10 +245,14 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
         if value is ...:
             raise MinispecError(f"{source}: field {key!r} is missing (needed for {family})")
         optional = default is not ...
-        if (value is not None or not optional) and not (
-                isinstance(value, kind) and not isinstance(value, bool)):
+        if value is None and optional:  # null where a default exists: the default
+            return default
+        if not (isinstance(value, kind) and not isinstance(value, bool)):
             kind_name = getattr(kind, "__name__", kind)
-            raise MinispecError(f"{source}: field {key!r} should be {kind_name}, got {value!r}")
+            raise MinispecError(f"{source}: field {key!r} should be {kind_name}, got "
+                                f"{value!r:.60}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MinispecError(f"{source}: field {key!r} should be finite, got {value!r}")
         return value
 
     number = (int, float)

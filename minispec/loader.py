@@ -224,6 +224,12 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     config = read_config(path / "config.json")
     ckpt = Checkpoint(path)
     prefix = _gpt2_prefix(ckpt.keys()) if config.family == "gpt2" else ""
+    # the layer count first: a config claiming ten million layers must not make the table below
+    stem = f"{prefix}h." if config.family == "gpt2" else "model.layers."
+    present = {name[len(stem):].split(".", 1)[0] for name in ckpt.keys() if name.startswith(stem)}
+    if config.n_layers > len(present):
+        raise MinispecError(f"{path / 'config.json'}: {str(config.n_layers)[:20]} layers "
+                            f"(num_hidden_layers), but the checkpoint holds {len(present)}")
     for name, shape in hf_shapes(config, prefix).items():  # checked before any data is read
         if name not in ckpt:
             raise MinispecError(f"{path}: tensor {name!r} is missing from the checkpoint (expected "

@@ -59,13 +59,25 @@ class Tokenizer:
         """The id of a token string, or None."""
         return self.tok.token_to_id(token)
 
+    def call(self, what: str, fn, *args, **kwargs):
+        """A call into the tokenizers library, its errors (and its Rust panics, which derive
+        from BaseException) reported as MinispecError naming the file."""
+        try:
+            return fn(*args, **kwargs)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001
+            raise MinispecError(f"{self.source}: the tokenizer failed to {what} "
+                                f"({type(e).__name__}: {str(e)[:200]})") from None
+
     def post_processor_bos(self) -> int | None:
         """The id the tokenizer's own post-processor puts in front of a text, if any."""
         try:
-            plain = self.tok.encode("a", add_special_tokens=False).ids
-            special = self.tok.encode("a", add_special_tokens=True).ids
-        except Exception:  # noqa: BLE001 - e.g. a word-level vocabulary without "a" or [UNK]
-            plain, special = [], self.tok.encode("", add_special_tokens=True).ids
+            plain = self.call("encode", self.tok.encode, "a", add_special_tokens=False).ids
+            special = self.call("encode", self.tok.encode, "a", add_special_tokens=True).ids
+        except MinispecError:  # e.g. a word-level vocabulary without "a" or [UNK]
+            plain = []
+            special = self.call("encode", self.tok.encode, "", add_special_tokens=True).ids
         if len(special) > len(plain) and special[1:1 + len(plain)] == plain:
             return special[0]
         return None
@@ -74,12 +86,19 @@ class Tokenizer:
         """Token ids of `text`, with BOS in front when add_bos and the model has one."""
         if not isinstance(text, str):
             raise MinispecError(f"encode: text must be a str, got {type(text).__name__}")
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        ids = self.call("encode", self.tok.encode, text, add_special_tokens=False).ids
         return ([self.bos_id] if add_bos and self.bos_id is not None else []) + list(ids)
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         """The text of token ids (special tokens kept unless skip_special_tokens)."""
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        try:
+            ok = not isinstance(ids, (str, bytes)) and not any(isinstance(i, bool) for i in ids)
+            ids = [int(i) for i in ids] if ok else None
+        except (TypeError, ValueError, OverflowError):
+            ids = None
+        if ids is None or any(not 0 <= i < 2**32 for i in ids):
+            raise MinispecError("decode: expected a sequence of token ids (integers >= 0)")
+        return self.call("decode", self.tok.decode, ids, skip_special_tokens=skip_special_tokens)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.source!r}, vocab={self.vocab_size}, bos={self.bos_id})"
