@@ -75,7 +75,9 @@ class EagleDrafter(Drafter):
         self.layer = layer
         self.fc_w = xp.asarray(np.asarray(to_host(fc_w), dtype=target.dtype))
         self.fc_b = xp.asarray(np.asarray(to_host(fc_b), dtype=target.dtype))
-        self.shape = None if shape is None else check_shape(shape, "eagle tree")
+        # a dynamic tree keeps at most `nodes` of the candidates: the shape alone may be larger
+        self.shape = None if shape is None else check_shape(
+            shape, "eagle tree", None if dynamic is not None else 64)
         if dynamic is not None:
             if self.shape is None:
                 raise MinispecError("eagle: a dynamic tree needs shape (children per depth)")

@@ -30,8 +30,9 @@ def tree_size(shape) -> int:
     return n
 
 
-def check_shape(shape, who: str = "tree") -> tuple[int, ...]:
-    """A tree shape as a tuple of positive ints (at most 64 nodes), or MinispecError."""
+def check_shape(shape, who: str = "tree", max_nodes: int | None = 64) -> tuple[int, ...]:
+    """A tree shape as a tuple of positive ints (at most max_nodes nodes, at most 16 children
+    and 16 levels), or MinispecError."""
     if isinstance(shape, str):
         try:
             shape = [int(k) for k in shape.split(",")]
@@ -43,10 +44,12 @@ def check_shape(shape, who: str = "tree") -> tuple[int, ...]:
     except TypeError:
         raise MinispecError(f"{who}: expected a sequence of children per depth, got "
                             f"{shape!r:.60}") from None
-    if (not shape or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-                             and k >= 1 for k in shape) or tree_size(shape) > 64):
+    if (not shape or len(shape) > 16
+            or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+                       and 1 <= k <= 16 for k in shape)
+            or (max_nodes is not None and tree_size(shape) > max_nodes)):
         raise MinispecError(f"{who}: expected positive children per depth (e.g. 3,2,1) and at "
-                            f"most 64 nodes, got {shape!r:.60}")
+                            f"most {max_nodes or 'any number of'} nodes, got {shape!r:.60}")
     return tuple(int(k) for k in shape)
 
 
