@@ -24,9 +24,12 @@ guess never compounds across rounds.
 Trees: with `shape` (children per depth) each node of depth d - 1 gets the top k_d tokens of
 its guessed distribution (a static tree); with `dynamic=(beam, nodes)` the tree grows as in
 EAGLE-2: at each depth only the `beam` nodes with the highest cumulative draft probability are
-expanded (k_d children each), and the `nodes` most probable nodes overall are kept. Either way
-the candidates are a deterministic function of the context, verified as one-hot proposals
-(minispec/tree.py), so the output is exactly the target's.
+expanded (k_d children each), and the `nodes` most probable nodes overall are kept. At
+temperature 0 the candidates are top-k tokens (one-hot proposals); a static tree, when sampling,
+draws distinct candidates without replacement from the guessed distribution
+(tree_model.children); the dynamic tree always takes top-k candidates, since keeping the
+sampled candidates the draft likes best would bias them. Either way the tree is verified
+losslessly (minispec/tree.py).
 
 Files (`weights/eagle`, made by `weights/train_eagle.py`): config.json (the layer's shape) and
 model.safetensors: fc.weight [D, 2D], fc.bias [D], and one Llama decoder layer under
@@ -49,7 +52,7 @@ from ..safetensors import SafetensorsFile
 from ..sampling import sample
 from ..tree import tree_layers
 from .base import Draft, Drafter
-from .tree_model import check_shape
+from .tree_model import check_shape, children, sibling_mode
 
 
 class EagleDrafter(Drafter):
@@ -140,7 +143,7 @@ class EagleDrafter(Drafter):
             return self.empty_draft()
         self.calls += 1
         if self.tree:
-            return self.propose_tree(g, gamma, warp)
+            return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         for i in range(gamma):
             logits = to_host(self.target.head(g))[:, : self.vocab_size]  # [1, V]
@@ -153,21 +156,26 @@ class EagleDrafter(Drafter):
                 self.calls += 1
         return Draft(np.array(tokens, dtype=np.int64), np.array(q))
 
-    def propose_tree(self, g, gamma, warp) -> Draft:
+    def propose_tree(self, g, gamma, warp, rng) -> Draft:
         """A tree of top-k candidates, static or EAGLE-2's dynamic (see the module docstring);
         the nodes' layer entries wait in the cache's slots past its length, like the target's."""
         levels = self.shape[:gamma]
         tokens, parents, q, score = [], [], [], []
         frontier, feats = [-1], g  # nodes to expand, and their guessed features [F, D]
+        # a dynamic tree keeps the nodes its draft likes best: chosen from sampled candidates,
+        # that choice would bias them (a kept sibling would no longer be a plain draw), so its
+        # candidates are always the top-k, a function of the context alone
+        mode = "deterministic" if self.dynamic is not None else None
         for d, k in enumerate(levels):
             logits = to_host(self.target.head(feats))[:, : self.vocab_size]  # [F, V]
             probs = warp(logits)
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
+            mode = mode or sibling_mode(probs[0])
             first = len(tokens)
             for row, node in enumerate(frontier):
                 base = 0.0 if node < 0 else score[node]
-                for x in np.argsort(-logits[row], kind="stable")[:k]:
-                    tokens.append(int(x))
+                for x in children(logits[row], probs[row], k, mode, rng):
+                    tokens.append(x)
                     parents.append(node)
                     q.append(probs[row])
                     score.append(base + float(logp[row, x]))
@@ -188,8 +196,7 @@ class EagleDrafter(Drafter):
         index = {old: new for new, old in enumerate(keep)}
         return Draft(np.array([tokens[i] for i in keep], dtype=np.int64),
                      np.array([q[i] for i in keep]),
-                     np.array([-1 if parents[i] < 0 else index[parents[i]] for i in keep]),
-                     "deterministic")
+                     np.array([-1 if parents[i] < 0 else index[parents[i]] for i in keep]), mode)
 
     @staticmethod
     def parent_feats(g, feats, frontier, parents, first):

@@ -10,11 +10,12 @@ So drafting costs K small matmuls and no extra model: h comes from the previous 
 (`accept` receives it), which is why the first round of a generation drafts nothing.
 
 The heads guess each position independently of the others' guesses, and a guess at depth k is
-often the second or third choice: Medusa drafts a tree, the top shape[k-1] tokens of head k
-under every node of depth k - 1, verified in one target call (minispec/tree.py). Candidates
-chosen by top-k are a deterministic function of the context, so each is verified as a one-hot
-proposal (siblings="deterministic"), which keeps the output exactly the target's at every
-temperature. (Medusa's own "typical acceptance" trades that exactness for speed; not here.)
+often the second or third choice: Medusa drafts a tree, shape[k-1] candidates of head k under
+every node of depth k - 1, verified in one target call (minispec/tree.py): at temperature 0 the
+head's top tokens (one-hot proposals), when sampling distinct draws from the head's
+distribution without replacement; both exact (tree_model.children). Medusa's own "typical
+acceptance" trades that exactness for speed; it is not used here. Each node of a depth draws
+its own candidates, so siblings under different parents may differ when sampling.
 
 Files (`weights/medusa`, made by `weights/train_medusa.py`): config.json with
 "medusa_num_heads" and "hidden_size", and model.safetensors with medusa_head.{k}.weight
@@ -33,7 +34,7 @@ from ..errors import MinispecError
 from ..model import silu
 from ..safetensors import SafetensorsFile
 from .base import Draft, Drafter
-from .tree_model import check_shape
+from .tree_model import check_shape, children, sibling_mode
 
 
 class MedusaDrafter(Drafter):
@@ -87,17 +88,16 @@ class MedusaDrafter(Drafter):
         probs = warp(logits)  # [K, V]: each head's distribution
         tokens, parents, q = [], [], []
         frontier = [-1]
+        mode = sibling_mode(probs[0])
         for d, k in enumerate(levels):
-            top = np.argsort(-logits[d], kind="stable")[:k]  # head d+1's k best tokens
             first = len(tokens)
-            for node in frontier:
-                for x in top:
-                    tokens.append(int(x))
+            for node in frontier:  # head d+1's candidates under every node of depth d
+                for x in children(logits[d], probs[d], k, mode, rng):
+                    tokens.append(x)
                     parents.append(node)
                     q.append(probs[d])
             frontier = list(range(first, len(tokens)))
-        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents),
-                     "deterministic")
+        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents), mode)
 
 
 def load_medusa(path, target, shape=None) -> MedusaDrafter:

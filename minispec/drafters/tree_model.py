@@ -5,10 +5,12 @@ second often is not. The tree keeps the draft's k_d most likely tokens at depth 
 node of depth d - 1 (shape (k_1, ..., k_depth)), so the target can take whichever branch it
 agrees with, still in one call (SpecInfer, Miao et al. 2024; Medusa's candidate trees).
 
-The candidates are a deterministic function of the context (top-k of the draft's logits), so
-each is verified as a one-hot proposal (siblings="deterministic"): kept with the residual's
-probability of that token, the residual losing it on a rejection. That is exact at every
-temperature; at temperature 0 it is "follow the child equal to the target's argmax".
+At temperature 0 the candidates are the draft's top-k tokens, a deterministic function of the
+context, each verified as a one-hot proposal (siblings="deterministic"): "follow the child equal
+to the target's argmax". When sampling they are k distinct draws from the draft distribution,
+without replacement (siblings="without-replacement"), each kept with min(1, r(x) / s(x)) for its
+renormalized proposal s: top-k candidates would be kept only with r(x), which at temperature 1
+wastes most of the tree. Both are exact (minispec/tree.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import MinispecError
+from ..sampling import sample
 from ..tree import hidden_tree
 from .base import Draft, Drafter, check_vocabularies
 
@@ -51,6 +54,27 @@ def check_shape(shape, who: str = "tree", max_nodes: int | None = 64) -> tuple[i
         raise MinispecError(f"{who}: expected positive children per depth (e.g. 3,2,1) and at "
                             f"most {max_nodes or 'any number of'} nodes, got {shape!r:.60}")
     return tuple(int(k) for k in shape)
+
+
+def sibling_mode(q_row) -> str:
+    """How a tree's children are chosen this round: at temperature 0 (the draft distribution
+    one-hot) the draft's top-k tokens ("deterministic"); otherwise k distinct tokens drawn from
+    the draft distribution without replacement, so that each is kept with min(1, r(x) / s(x))
+    rather than only with r(x) as a one-hot candidate would be."""
+    return "deterministic" if np.count_nonzero(q_row) == 1 else "without-replacement"
+
+
+def children(logits_row, q_row, k: int, mode: str, rng) -> list[int]:
+    """The tokens of a node's children: the top k by logit, or k draws from q_row without
+    replacement, in the order drawn (the order verify_tree tries them in)."""
+    if mode == "deterministic":
+        return [int(x) for x in np.argsort(-logits_row, kind="stable")[:k]]
+    s, out = np.array(q_row, dtype=np.float64), []
+    for _ in range(min(k, int(np.count_nonzero(s)))):
+        x = sample(s / s.sum(), rng)
+        out.append(x)
+        s[x] = 0.0
+    return out
 
 
 class TreeModelDrafter(Drafter):
@@ -93,19 +117,19 @@ class TreeModelDrafter(Drafter):
             prefix = context
         tokens, parents, q = [], [], []
         h = hidden_tree(model, prefix, [], [], cache)[-1:]  # [1, D]: after the context
-        frontier = [-1]  # the nodes whose children this level adds
+        frontier, mode = [-1], None  # the nodes whose children this level adds
         for d, k in enumerate(levels):
             logits = to_host(model.head(h))[:, : self.vocab_size]  # [len(frontier), V]
             self.calls += 1
             probs = warp(logits)  # [len(frontier), V]: the draft's distribution after each node
+            mode = mode or sibling_mode(probs[0])
             first = len(tokens)
             for row, node in enumerate(frontier):
-                for x in np.argsort(-logits[row], kind="stable")[:k]:  # its top-k tokens
-                    tokens.append(int(x))
+                for x in children(logits[row], probs[row], k, mode, rng):
+                    tokens.append(x)
                     parents.append(node)
                     q.append(probs[row])
             frontier = list(range(first, len(tokens)))
             if d + 1 < len(levels):  # the next level needs this level's hidden states
                 h = hidden_tree(model, [], tokens, parents, cache, done=first)
-        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents),
-                     "deterministic")
+        return Draft(np.array(tokens, dtype=np.int64), np.array(q), np.array(parents), mode)
