@@ -63,8 +63,9 @@ def test_pair_shares_the_tokenizer(target, draft):
 
 
 def test_weights_fit_the_size_bound():
+    # the project's bound for weights/: 48 MB in all (the pair, the heads, the plots, recipes)
     total = sum(f.stat().st_size for f in WEIGHTS.rglob("*") if f.is_file())
-    assert total <= 40 * 2**20
+    assert total <= 48 * 10**6
 
 
 def test_prompts_are_held_out_and_short(target):
