@@ -60,9 +60,20 @@ def shipped_pair() -> tuple[Path, Path]:
     return SHIPPED / "target", SHIPPED / "draft"
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where the help text does not already say what the default is
+    (so no "(default: a quarter) (default: None)"), nor on a flag ("(default: False)")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.nargs == 0:  # a flag
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="minispec", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="minispec", formatter_class=HelpFormatter,
         description="Speculative decoding from scratch (NumPy/CuPy). "
         "Subcommands: `minispec bench -h`, `minispec sweep -h`, `minispec drafters -h`, "
         "`minispec crossover -h`, `minispec serve -h`.",

@@ -174,3 +174,16 @@ def test_every_flag_the_readme_shows_exists():
     assert named and named <= known, named - known
     drafters = re.search(r"--drafter ([a-z|-]+)\]", block).group(1).split("|")
     assert set(drafters) == set(build_parser()._option_string_actions["--drafter"].choices)
+
+
+def test_help_shows_each_default_once(capsys):
+    """--help names the default of every option that has one, once: no "(default: None)" after a
+    help text that already describes it, no "(default: False)" on a flag."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert text.count("(default: a quarter)") == 1
+    assert f"(default: {shipped_pair()[0]})" in text
+    for flag, default in (("--gamma", "4"), ("--max-new-tokens", "64"), ("--seed", "0")):
+        assert re.search(re.escape(flag) + r" [A-Z_]+ [^-]*\(default: " + default + r"\)", text)
