@@ -240,6 +240,15 @@ def _int_ids(value: Any, where: str) -> tuple[int, ...]:
 def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
     family = _family(hf, source)
 
+    def flag(key: str, default: bool) -> bool:  # a JSON boolean, not "false" or 0
+        value = hf.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise MinispecError(f"{source}: field {key!r} should be true or false, got "
+                                f"{value!r:.60}")
+        return value
+
     def need(key: str, default: Any = ..., kind: type | tuple = int) -> Any:
         value = hf.get(key, default)
         if value is ...:
@@ -282,7 +291,7 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
             "intermediate_size": need("n_inner", None),
             "max_position_embeddings": need("n_positions", 1024),
             "norm_eps": float(need("layer_norm_epsilon", 1e-5, number)),
-            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", True)),
+            "tie_word_embeddings": flag("tie_word_embeddings", True),
         }
     else:
         act = hf.get("hidden_act", "silu")
@@ -323,8 +332,8 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
             "norm_eps": float(need("rms_norm_eps", 1e-6, number)),
             "rope_theta": float(theta),
             "rope_scaling": scaling,
-            "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
-            "attention_bias": bool(hf.get("attention_bias", family == "qwen2")),
+            "tie_word_embeddings": flag("tie_word_embeddings", False),
+            "attention_bias": flag("attention_bias", family == "qwen2"),
             "sliding_window": window,
         }
     try:

@@ -145,6 +145,15 @@ def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int
     return metadata, tensors, 8 + n
 
 
+def _encodable(name: str) -> bool:
+    """Whether a file name can reach the file system (a lone surrogate cannot)."""
+    try:
+        os.fsencode(name)
+        return True
+    except UnicodeError:
+        return False
+
+
 def _bounded_int(s: str) -> int:
     if len(s.lstrip("-")) > 30:
         raise ValueError(f"an integer of {len(s)} digits")
@@ -215,9 +224,11 @@ class Checkpoint:
                                 f"{{tensor name: shard file}}")
         files: dict[str, SafetensorsFile] = {}
         for name, fname in weight_map.items():
-            if not isinstance(fname, str) or os.path.basename(fname) != fname or not fname:
+            if (not isinstance(fname, str) or os.path.basename(fname) != fname or not fname
+                    or fname in (".", "..") or "\0" in fname or not fname.isprintable()
+                    or not _encodable(fname)):
                 raise MinispecError(f"{index}: weight_map[{name!r}] should be a file name in the "
-                                    f"same directory, got {fname!r}")
+                                    f"same directory, got {fname!r:.100}")
             if fname not in files:
                 files[fname] = SafetensorsFile(self.directory / fname)
             if name not in files[fname]:

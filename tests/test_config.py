@@ -142,3 +142,17 @@ def test_read_config_files(tmp_path):
         read_config(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(LLAMA))
     assert read_config(tmp_path).n_layers == 16
+
+
+def test_boolean_fields_must_be_json_booleans(tmp_path):
+    import json
+
+    from minispec.config import read_config
+
+    for value in ("false", 0, 1, [], "true"):
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16,
+            "tie_word_embeddings": value}))
+        with pytest.raises(MinispecError, match="tie_word_embeddings' should be true or false"):
+            read_config(tmp_path / "config.json")

@@ -161,3 +161,10 @@ def test_checkpoint_refuses_pickles(tmp_path):
     (tmp_path / "pytorch_model.bin").unlink()
     with pytest.raises(MinispecError, match="no model.safetensors or model.safetensors.index.json"):
         Checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("shard", ["\ud800.safetensors", "a\0b", "..", "sub/x.safetensors", 7])
+def test_index_shard_names_are_plain_file_names(tmp_path, shard):
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shard}}))
+    with pytest.raises(MinispecError, match="weight_map"):
+        Checkpoint(tmp_path)
