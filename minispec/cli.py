@@ -215,8 +215,9 @@ class Session:
         if s.speculative and isinstance(s.gamma, int):
             cap, asked = self.gamma_for(len(ids)), min(s.max_new_tokens, ctx - len(ids))
             if s.gamma > asked:
-                notices.append(f"note: gamma {s.gamma} is more than the {asked} new tokens asked "
-                               f"for: capped to {cap} (a round emits its drafts plus one token)")
+                notices.append(f"note: gamma {s.gamma} is more than the {asked} new tokens to "
+                               f"generate: capped to {cap} (a round emits its drafts plus one "
+                               "token)")
             if cap > BIG_GAMMA:
                 notices.append(f"note: gamma {cap} drafts up to {cap} tokens a round and drops "
                                "every one after the first rejection: many draft calls for few "

@@ -356,7 +356,7 @@ def test_a_huge_gamma_is_capped_and_an_empty_prompt_said(pair, capsys):
     rc, out, err = run(capsys, "--target", target, "--draft", draft, "--prompt", "x",
                        "--gamma", 1000, "--max-new-tokens", 30, "--device", "cpu")
     assert rc == 0
-    assert "note: gamma 1000 is more than the 30 new tokens asked for: capped to 29" in err
+    assert "note: gamma 1000 is more than the 30 new tokens to generate: capped to 29" in err
     assert "many draft calls" in err  # 29 is still a long chain
     draft_calls = int(re.search(r"(\d+) draft calls", out).group(1))
     assert draft_calls <= 30 * 29  # bounded by the cap

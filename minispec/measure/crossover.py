@@ -203,10 +203,12 @@ def plot(crossover_report: dict | None, serve_report: dict | None, path: str) ->
         for m in METHODS:
             ax.plot(xs, [r[m]["tokens_per_second"] for r in report["rows"]], styles[m], label=m)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.set_xlabel("batch size (sequences decoded together)")
         ax.set_ylabel("new tokens per second")
-        ax.set_title(f"Throughput against batch size: plain, speculative (gamma {s['gamma']}) "
-                     f"and load-aware, {s['max_new_tokens']} tokens per sequence", fontsize=10)
+        ax.set_title(f"Throughput against batch size\nplain, speculative (gamma {s['gamma']}) "
+                     f"and load-aware; {s['max_new_tokens']} new tokens per sequence",
+                     fontsize=11)
         ax.legend()
     else:
         report, s = serve_report, serve_report["settings"]
@@ -220,6 +222,7 @@ def plot(crossover_report: dict | None, serve_report: dict | None, path: str) ->
                      color=lat.lines[-1].get_color(), alpha=0.4, label=f"{m} p99")
         for a in (ax, lat):
             a.set_xscale("log", base=2)
+            a.set_xticks(xs, [f"{x:g}" for x in xs])
             a.set_xlabel("arrival rate (requests per second)")
         ax.set_ylabel("new tokens per second")
         ax.set_title("Throughput")

@@ -207,8 +207,9 @@ def plot(report: dict, path: str) -> str:
     ax.set_xlabel("gamma (draft tokens per round)")
     ax.set_ylabel("speedup over autoregressive")
     s = report["settings"]
-    ax.set_title(f"Speedup against gamma: {s['drafter']} drafter, {s['prompts']} prompts x "
-                 f"{s['max_new_tokens']} tokens, temperature {s['temperature']:g}")
+    ax.set_title(f"Speedup against gamma\n{s['drafter']} drafter, {s['prompts']} prompts x "
+                 f"{s['max_new_tokens']} new tokens, temperature {s['temperature']:g}",
+                 fontsize=11)
     ax.legend()
     fig.tight_layout()
     return save(fig, path)
