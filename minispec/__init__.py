@@ -6,7 +6,7 @@ from norm(max(0, p - q)): the output follows the target's distribution exactly (
 2023; Chen et al. 2023).
 
     import minispec
-    target, draft = minispec.load("weights/target"), minispec.load("weights/draft")
+    target, draft = minispec.load("shipped:target"), minispec.load("shipped:draft")
     ids = target.tokenizer.encode("def fib(n):")
     out = minispec.speculative_generate(target, draft, ids, max_new_tokens=64, temperature=0)
     print(target.tokenizer.decode(out.tokens), out.stats.acceptance_rate)

@@ -4,7 +4,7 @@
     python -m minispec                       # interactive prompt with /slash commands
     python -m minispec bench | sweep ...     # benchmarks (minispec/measure/)
 
-With no --target/--draft it runs the pair shipped in weights/.
+With no --target/--draft it runs the pair shipped in weights/ ("shipped:target", "shipped:draft").
 """
 
 from __future__ import annotations
@@ -20,23 +20,28 @@ from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
 from .sampling import Sampling
-from .shipped import SHIPPED  # weights/ in a checkout, or the copy a wheel installed
+from .shipped import SHIPPED, resolve  # weights/ in a checkout, or the copy a wheel installed
+from .speculative import Request
 
 GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
 
-HELP = """commands:
-  /gamma N        draft length (or /gamma auto)
-  /temperature X  0 is greedy
-  /top_k N        0 is off
-  /top_p X        1 is off
-  /length N       max new tokens
-  /drafter NAME   model | ngram | early-exit | model-tree | medusa | eagle
-  /seed N         the sampling seed
-  /settings       show the current settings
-  /speculative    toggle speculative / plain autoregressive decoding
-  /trace          toggle the per-round trace
-  /help           this text
-  /quit           leave (also Ctrl-D); Ctrl-C stops a generation"""
+HELP = """commands (any case; a bad value changes nothing and says why):
+  /gamma N          draft length (or /gamma auto)
+  /temperature X    0 is greedy
+  /top_k N          0 is off
+  /top_p X          1 is off
+  /length N         max new tokens (max_new_tokens, as --max-new-tokens)
+  /drafter NAME     model | ngram | early-exit | model-tree | medusa | eagle
+  /seed N           the sampling seed (/seed none: fresh randomness each time)
+  /settings         show the current settings
+  /speculative      toggle speculative / plain autoregressive decoding (or: on, off)
+  /trace            toggle the per-round trace (or: on, off)
+  /help             this text
+  /quit             leave (also Ctrl-D); Ctrl-C stops a generation
+the arrow keys recall earlier lines, kept between sessions in ~/.minispec_history"""
+
+HISTORY = Path("~/.minispec_history")  # the REPL's lines, kept between sessions (on a terminal)
+BIG_GAMMA = 16  # above this a notice says what a long chain costs (minispec sweep: 7 is best here)
 
 
 @dataclass
@@ -56,8 +61,18 @@ class Settings:
 
 
 def shipped_pair() -> tuple[Path, Path]:
-    """Paths of the target and draft shipped in weights/."""
+    """Paths of the target and draft shipped in weights/ (or the installed copy)."""
     return SHIPPED / "target", SHIPPED / "draft"
+
+
+def load_flag(flag: str, path: str, device: str):
+    """load() of the directory a flag names, its errors prefixed with the flag."""
+    from .loader import load
+
+    try:
+        return load(resolve(str(path)), device=device)
+    except MinispecError as e:
+        raise MinispecError(f"{flag}: {e}") from None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -78,11 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Subcommands: `minispec bench -h`, `minispec sweep -h`, `minispec drafters -h`, "
         "`minispec crossover -h`, `minispec serve -h`.",
     )
-    target, draft = shipped_pair()
-    ap.add_argument("--target", type=Path, default=target,
-                    help="target model directory (HF layout)")
-    ap.add_argument("--draft", type=Path, default=None,
-                    help=f"draft model directory (with the shipped target: {draft})")
+    ap.add_argument("--target", default="shipped:target",
+                    help="target model directory (HF layout); shipped:target is the one in "
+                    "weights/ (or the installed copy)")
+    ap.add_argument("--draft", default=None,
+                    help="draft model directory (default: shipped:draft with the shipped target)")
     ap.add_argument("--drafter", choices=list(DRAFTERS), default="model",
                     help="what proposes the drafts (model-tree and medusa draft trees)")
     ap.add_argument("--exit-layer", type=int, default=None,
@@ -114,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="show each round: accepted (green), rejected (red), correction or bonus")
     ap.add_argument("--no-color", action="store_true", help="plain-text trace markers")
     ap.add_argument("--html", metavar="FILE", default=None,
-                    help="with --prompt: write the generation as one HTML page, round by round "
-                    "(drafts, q(x), p(x), the uniform r, verdicts, residuals)")
+                    help="with --prompt: also write the generation as one HTML page, round by "
+                    "round (drafts, q(x), p(x), the uniform r, verdicts, residuals); try it "
+                    "with --temperature 1 (at 0, r plays no role)")
     return ap
 
 
@@ -129,7 +145,7 @@ def parse_dynamic(text: str) -> tuple[int, int]:
 
 
 def parse_gamma(text: str) -> int | str:
-    if text == "auto":
+    if text.lower() == "auto":
         return "auto"
     try:
         gamma = int(text)
@@ -145,96 +161,119 @@ class Session:
 
     def __init__(self, args: argparse.Namespace):
         from .drafters import make_drafter
-        from .loader import load
 
         self.args = args
-        self.target = load(args.target, device=args.device)
-        if self.target.tokenizer is None:
-            raise MinispecError(f"{args.target}: no tokenizer.json, so the CLI cannot encode text")
-        draft_dir = args.draft
-        if draft_dir is None and args.drafter in ("model", "model-tree"):
-            if args.target.resolve() != shipped_pair()[0].resolve():
-                raise MinispecError("--draft: give a draft model directory for this --target "
-                                    "(or use --drafter ngram | early-exit)")
-            draft_dir = shipped_pair()[1]
-        self.draft_model = load(draft_dir, device=args.device) if draft_dir else None
-        self.make_drafter = make_drafter
-        self.settings = Settings(
+        self.settings = Settings(  # the values first: checked before any model is loaded
             gamma=parse_gamma(str(args.gamma)),
             sampling=Sampling(args.temperature, args.top_k, args.top_p),
-            max_new_tokens=args.max_new_tokens, seed=args.seed, trace=args.trace,
+            max_new_tokens=Request(args.max_new_tokens).max_new_tokens,
+            seed=Request(1, seed=args.seed).seed, trace=args.trace,
             drafter=args.drafter, exit_layer=args.exit_layer,
             tree=None if args.tree is None else check_shape(args.tree, "--tree"),
             dynamic=None if args.dynamic is None else parse_dynamic(args.dynamic),
         )
+        if args.html and not chain_drafter(self.settings):
+            raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
+                                "early-exit, eagle without --tree)")
+        if args.html and not Path(args.html).resolve().parent.is_dir():
+            raise MinispecError(f"--html {args.html}: its folder does not exist")
+        self.target = load_flag("--target", args.target, args.device)
+        if self.target.tokenizer is None:
+            raise MinispecError(f"--target {args.target}: no tokenizer.json, so the CLI cannot "
+                                "encode text")
+        draft_dir = args.draft
+        if draft_dir is None and args.drafter in ("model", "model-tree"):
+            if Path(resolve(str(args.target))).resolve() != shipped_pair()[0].resolve():
+                raise MinispecError("--draft: give a draft model directory for this --target "
+                                    "(or use --drafter ngram | early-exit)")
+            draft_dir = "shipped:draft"
+        self.draft_model = load_flag("--draft", draft_dir, args.device) if draft_dir else None
+        self.make_drafter = make_drafter
+        self.drafter()  # built once now, so a bad --exit-layer or --tree shows before any text
         self.color = sys.stdout.isatty() and not args.no_color
+
+    def prepare(self, prompt: str, source: str = "--prompt") -> list[int]:
+        """The prompt's token ids, after every check a generation makes (so that an error comes
+        before any text is echoed), with a notice on stderr for what will not run as asked."""
+        check_text(prompt, source)
+        ids = self.target.tokenizer.encode(prompt)
+        ctx = self.target.config.max_position_embeddings
+        if not ids:
+            raise MinispecError(f"{source}: empty, and this tokenizer has no BOS token to start "
+                                "from")
+        if len(ids) >= ctx:
+            raise MinispecError(f"{source}: {len(ids)} tokens leave no room for new tokens in "
+                                f"the context of {ctx} positions")
+        s = self.settings
+        notices = []
+        if not prompt:
+            notices.append("note: the prompt is empty: generating from the BOS token alone")
+        if len(ids) + s.max_new_tokens > ctx:
+            notices.append(f"note: at most {ctx - len(ids)} new tokens fit after this "
+                           f"{len(ids)}-token prompt (the context is {ctx} positions); "
+                           f"max_new_tokens {s.max_new_tokens} is capped")
+        if s.speculative and isinstance(s.gamma, int):
+            cap, asked = self.gamma_for(len(ids)), min(s.max_new_tokens, ctx - len(ids))
+            if s.gamma > asked:
+                notices.append(f"note: gamma {s.gamma} is more than the {asked} new tokens to "
+                               f"generate: capped to {cap} (a round emits its drafts plus one "
+                               "token)")
+            if cap > BIG_GAMMA:
+                notices.append(f"note: gamma {cap} drafts up to {cap} tokens a round and drops "
+                               "every one after the first rejection: many draft calls for few "
+                               "tokens (minispec sweep measures the best gamma)")
+        for notice in notices:
+            print(notice, file=sys.stderr)
+        return ids
+
+    def gamma_for(self, n_prompt: int) -> int | str:
+        """The gamma a generation runs with: the setting, capped to the new tokens that can come
+        (a round emits at most gamma + 1 of them)."""
+        s = self.settings
+        if not isinstance(s.gamma, int):
+            return s.gamma
+        room = self.target.config.max_position_embeddings - n_prompt
+        return max(1, min(s.gamma, min(s.max_new_tokens, room) - 1))
 
     def drafter(self):
         s = self.settings
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
                                  exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic)
 
-    def generate(self, prompt: str, speculative: bool, on_round=None, verify=None):
+    def generate(self, ids: list[int], speculative: bool, on_round=None, verify=None):
         from .drafters import NoDrafter
-        from .speculative import Request, generate
+        from .speculative import generate
 
         s = self.settings
-        ids = self.target.tokenizer.encode(prompt)
         request = Request(s.max_new_tokens, self.target.config.eos_token_ids, s.seed)
         drafter = self.drafter() if speculative else NoDrafter(self.target)
         kw = {} if verify is None else {"verify": verify}
         return generate(self.target, drafter, ids, s.sampling, request,
-                        gamma=s.gamma if speculative else 0, on_round=on_round, **kw)
+                        gamma=self.gamma_for(len(ids)) if speculative else 0,
+                        on_round=on_round, **kw)
 
-    def write_html(self, prompt: str, path: str) -> None:
-        """--html: the generation as one self-contained page (minispec/html_trace.py)."""
-        from .html_trace import TracedVerify, page
-
-        s = self.settings
-        if s.drafter in ("model-tree", "medusa") or (s.drafter == "eagle" and s.tree):
-            raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
-                                "early-exit, eagle without --tree)")
-        traced = TracedVerify()
-        result = self.generate(prompt, True, verify=traced)
-        title = (f"minispec: {s.drafter} drafter, gamma {s.gamma}, temperature "
-                 f"{s.sampling.temperature:g}")
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(page(prompt, result, traced, self.target.tokenizer.decode, title))
-        except OSError as e:
-            raise MinispecError(f"--html {path}: cannot write ({e.strerror})") from None
-        print(f"wrote {path}: {len(result.stats.rounds)} rounds, {result.stats.new_tokens} "
-              "tokens")
-
-    def warm_up(self, prompt: str) -> None:
+    def warm_up(self, ids: list[int]) -> None:
         s = self.settings
         length, s.max_new_tokens = s.max_new_tokens, min(s.max_new_tokens, 4)
         try:
-            self.generate(prompt, True)
-            self.generate(prompt, False)
+            self.generate(ids, True)
+            self.generate(ids, False)
         finally:
             s.max_new_tokens = length
 
-    def cap_notice(self, prompt: str) -> str | None:
-        """A notice when the context leaves fewer positions than --max-new-tokens asks for."""
-        n = len(self.target.tokenizer.encode(prompt))
-        ctx = self.target.config.max_position_embeddings
-        if n + self.settings.max_new_tokens > ctx:
-            return (f"note: at most {max(0, ctx - n)} new tokens fit after this {n}-token prompt "
-                    f"(the context is {ctx} positions); max_new_tokens "
-                    f"{self.settings.max_new_tokens} is capped")
-        return None
-
-    def run(self, prompt: str, compare: bool = False) -> None:
+    def run(self, prompt: str, compare: bool = False, html: str | None = None,
+            source: str = "--prompt") -> None:
         """Generate, showing the tokens as each round emits them (accepted drafts, the
-        correction and the bonus token in their colors on a terminal), then the statistics."""
+        correction and the bonus token in their colors on a terminal), then the statistics;
+        with `html`, also the page of minispec/html_trace.py."""
+        from .html_trace import TracedVerify
+
         s = self.settings
+        ids = self.prepare(prompt, source)  # every check first: an error comes before any text
         if compare:  # one short untimed run of each first, so neither pays the first-call costs
-            self.warm_up(prompt)
-        notice = self.cap_notice(prompt)
-        if notice:
-            print(notice, file=sys.stderr)
+            self.warm_up(ids)
         tok = self.target.tokenizer
+        traced = TracedVerify() if html else None
         print(prompt, end="", flush=True)
 
         def stream(r) -> None:
@@ -246,20 +285,63 @@ class Session:
             color = YELLOW if r.kind == "bonus" else CYAN
             print(f"{GREEN}{kept}{RESET}{color}{last}{RESET}", end="", flush=True)
 
-        result = self.generate(prompt, s.speculative, on_round=stream)
+        try:
+            result = self.generate(ids, s.speculative or bool(html), on_round=stream,
+                                   verify=traced)
+        except (MinispecError, KeyboardInterrupt):
+            print(flush=True)  # what follows (the error, the prompt) starts on its own line
+            raise
         print("\n")
         if s.trace and s.speculative:
             print(render_trace(result.stats.rounds, tok.decode, self.color))
             print()
-        print(format_stats(result, speculative=s.speculative))
+        print(format_stats(result, speculative=s.speculative or bool(html)))
+        if html:
+            self.write_html(prompt, html, result, traced)
         if compare:
-            base = self.generate(prompt, not s.speculative)
+            base = self.generate(ids, not s.speculative)
             spec, plain = (result, base) if s.speculative else (base, result)
             same = "identical" if spec.tokens == plain.tokens else "different (sampled)"
             print(format_stats(base, speculative=not s.speculative))
             print(f"speedup: {spec.stats.tokens_per_second / plain.stats.tokens_per_second:.2f}x "
                   f"(speculative {spec.stats.tokens_per_second:.1f} tok/s vs autoregressive "
                   f"{plain.stats.tokens_per_second:.1f} tok/s); outputs {same}")
+
+    def write_html(self, prompt: str, path: str, result, traced) -> None:
+        """--html: the generation as one self-contained page (minispec/html_trace.py)."""
+        from .html_trace import page
+
+        s = self.settings
+        title = (f"minispec: {s.drafter} drafter, gamma {s.gamma}, temperature "
+                 f"{s.sampling.temperature:g}")
+        text = page(prompt, result, traced, self.target.tokenizer.decode, title,
+                    greedy=s.sampling.temperature == 0)
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise MinispecError(f"--html {path}: cannot write ({e.strerror})") from None
+        print(f"wrote {path}: {len(result.stats.rounds)} rounds, {result.stats.new_tokens} "
+              "tokens" + ("; at temperature 0 the uniform r plays no role: try --temperature 1"
+                          if s.sampling.temperature == 0 else ""))
+
+
+def chain_drafter(s: Settings) -> bool:
+    """Whether the settings' drafter drafts chains (what --html can show)."""
+    return not (s.drafter in ("model-tree", "medusa") or (s.drafter == "eagle" and s.tree))
+
+
+def check_text(text: str, source: str) -> None:
+    """MinispecError naming `source` and the first byte that is not UTF-8 (Python reads such a
+    byte in argv or a terminal line as a lone surrogate), before a tokenizer is blamed for it."""
+    for i, ch in enumerate(text):
+        if "\ud800" <= ch <= "\udfff":
+            at = len(text[:i].encode("utf-8", "surrogateescape"))
+            byte = (f"byte 0x{ord(ch) - 0xdc00:02x}" if ch >= "\udc80" else
+                    f"a lone surrogate U+{ord(ch):04X}")
+            raise MinispecError(f"{source}: not UTF-8 text: {byte} at byte {at} (after "
+                                f"{text[max(0, i - 20):i]!r}); give the prompt as UTF-8 "
+                                "(iconv -t UTF-8 converts a file)")
 
 
 def render_trace(rounds, decode, color: bool) -> str:
@@ -281,12 +363,16 @@ def render_trace(rounds, decode, color: bool) -> str:
         lines.append(f"round {i + 1:3d} | " + " ".join(parts))
     legend = (f"{GREEN}accepted{RESET} {RED}rejected{RESET} {CYAN}correction{RESET} "
               f"{YELLOW}bonus{RESET}" if color else "accepted ~rejected~ [->correction] [+bonus]")
-    return "\n".join([legend, *lines])
+    return "\n".join([legend + f"  ({SPACE} is a space, tokens are separated by blanks)", *lines])
+
+
+SPACE = "\u00b7"  # a space inside a token, in the trace: ' self' shows as '·self'
 
 
 def show(decode, token: int) -> str:
-    """A token as text with whitespace made visible (newlines as \\n)."""
-    return repr(decode([token]))[1:-1]
+    """A token as text with whitespace made visible (newlines as \\n, spaces as ·), so the
+    blanks between tokens are the only spaces in a trace line."""
+    return repr(decode([token]))[1:-1].replace(" ", SPACE)
 
 
 def format_stats(result, speculative: bool) -> str:
@@ -303,20 +389,29 @@ def format_stats(result, speculative: bool) -> str:
 
 
 def command(session: Session, line: str) -> bool:
-    """Apply one /command; False means quit. Every value is checked at once: a bad one leaves
-    the setting as it was and says why, in one wording: "error: /NAME: ..."."""
+    """Apply one /command (its name in any case); False means quit. Every value is checked at
+    once: a bad one leaves the setting as it was and says why, as "error: " and the message
+    naming the setting (the words --max-new-tokens and the other flags use)."""
     s = session.settings
     name, _, arg = line[1:].partition(" ")
-    arg = arg.strip()
+    name, arg = name.lower(), arg.strip()
+
+    def number(a: str, kind, setting: str, expected: str):
+        try:
+            return kind(a)
+        except ValueError:
+            raise MinispecError(f"{setting}: expected {expected}, got {a!r}") from None
 
     def sampling(**change):  # a new Sampling: checked at once
         s.sampling = dataclasses.replace(s.sampling, **change)
 
-    def length(a):
-        n = int(a)
-        if n < 1:
-            raise MinispecError(f"max_new_tokens: expected a positive integer, got {a!r}")
-        s.max_new_tokens = n
+    def length(a):  # Request's check: the same words as --max-new-tokens 0
+        expected = "an integer >= 1"
+        s.max_new_tokens = Request(number(a, int, "max_new_tokens", expected)).max_new_tokens
+
+    def seed(a):
+        n = None if a.lower() == "none" else number(a, int, "seed", "None or an integer >= 0")
+        s.seed = Request(1, seed=n).seed
 
     def drafter(a):
         if a not in DRAFTERS:
@@ -330,36 +425,40 @@ def command(session: Session, line: str) -> bool:
 
     setters = {
         "gamma": lambda a: setattr(s, "gamma", parse_gamma(a)),
-        "temperature": lambda a: sampling(temperature=float(a)),
-        "top_k": lambda a: sampling(top_k=int(a)),
-        "top_p": lambda a: sampling(top_p=float(a)),
+        "temperature": lambda a: sampling(temperature=number(
+            a, float, "temperature", "a finite number >= 0")),
+        "top_k": lambda a: sampling(top_k=number(a, int, "top_k", "an integer >= 0 (0 = off)")),
+        "top_p": lambda a: sampling(top_p=number(
+            a, float, "top_p", "a number in (0, 1] (1 = off)")),
         "length": length,
-        "drafter": drafter,
-        "seed": lambda a: setattr(s, "seed", int(a)),
+        "drafter": lambda a: drafter(a.lower()),
+        "seed": seed,
     }
-    if name in ("quit", "exit", "q"):
+    toggles = {"speculative": ("speculative decoding", "plain autoregressive decoding"),
+               "trace": ("trace on", "trace off")}
+    if name in ("quit", "exit", "q", "help", "settings") and arg:
+        print(f"error: /{name} takes no value, got {arg!r}")
+    elif name in ("quit", "exit", "q"):
         return False
-    if name == "help":
+    elif name == "help":
         print(HELP)
     elif name == "settings":
         print(describe_settings(s))
-    elif name == "speculative":
-        s.speculative = not s.speculative
-        print("speculative decoding" if s.speculative else "plain autoregressive decoding")
-    elif name == "trace":
-        s.trace = not s.trace
-        print(f"trace {'on' if s.trace else 'off'}")
+    elif name in toggles:
+        if arg.lower() not in ("", "on", "off"):
+            print(f"error: /{name}: expected on, off or nothing (to toggle), got {arg!r}")
+            return True
+        value = not getattr(s, name) if not arg else arg.lower() == "on"
+        setattr(s, name, value)
+        print(toggles[name][0] if value else toggles[name][1])
     elif name in setters:
         if not arg:
-            print(f"error: /{name}: give a value (see /help)")
+            print(f"error: /{name} needs a value (see /help)")
             return True
         try:
             setters[name](arg)
-        except ValueError:
-            print(f"error: /{name}: could not read {arg!r} as a number (see /help)")
-            return True
         except MinispecError as e:
-            print(f"error: /{name}: {e}")
+            print(f"error: {e}")
             return True
         print(f"{name} = {arg}")
     else:
@@ -381,15 +480,37 @@ def describe_settings(s: Settings) -> str:
         f"  trace        {'on' if s.trace else 'off'}"])
 
 
-def interactive(session: Session) -> None:
-    """The REPL: line editing and history (readline), Ctrl-C stops the generation in progress
-    (or clears the line) and keeps the settings, Ctrl-D quits."""
+def interactive(session: Session, history: Path | None = None) -> None:
+    """The REPL: line editing (readline), its history kept in the file `history` between
+    sessions, Ctrl-C stops the generation in progress (or clears the line) and keeps the
+    settings, Ctrl-D quits. A line that is not UTF-8 is named as the prompt, byte and all."""
     try:
-        import readline  # noqa: F401  (importing it gives input() line editing and history)
+        import readline  # importing it gives input() line editing and history
     except ImportError:  # not on every platform
-        pass
+        readline = None
+    if readline is not None and history is not None:
+        history = history.expanduser()
+        readline.set_history_length(1000)
+        try:
+            readline.read_history_file(history)
+        except OSError:  # the first session, or an unreadable file: start empty
+            pass
+    if hasattr(sys.stdin, "reconfigure"):  # a non-UTF-8 byte reaches check_text, not a crash
+        sys.stdin.reconfigure(errors="surrogateescape")
     print("minispec: type a prompt; /help for commands, /settings for the current ones. "
           "Ctrl-C stops a generation, Ctrl-D quits.")
+    try:
+        repl(session)
+    finally:
+        if readline is not None and history is not None:
+            try:
+                readline.write_history_file(history)
+            except OSError as e:
+                print(f"note: history not kept: {history}: {e.strerror}", file=sys.stderr)
+
+
+def repl(session: Session) -> None:
+    """Read, generate or apply a /command, print; until /quit or Ctrl-D."""
     while True:
         try:
             line = input(">>> ")
@@ -406,9 +527,9 @@ def interactive(session: Session) -> None:
                 return
             continue
         try:
-            session.run(line)
+            session.run(line, source="prompt")
         except KeyboardInterrupt:
-            print("\n(stopped; settings kept)")
+            print("(stopped; settings kept)")
         except MinispecError as e:
             print(f"error: {e}")
 
@@ -433,14 +554,15 @@ def main(argv: list[str] | None = None) -> int:
 
             return (crossover.main if argv[0] == "crossover" else crossover.serve_main)(argv[1:])
         args = build_parser().parse_args(argv)
+        if args.html and args.prompt is None:
+            raise MinispecError("--html: needs --prompt TEXT (the interactive prompt writes no "
+                                "page)")
         set_blas_threads(args.threads)
         session = Session(args)
         if args.prompt is None:
-            interactive(session)
-        elif args.html:
-            session.write_html(args.prompt, args.html)
+            interactive(session, HISTORY if sys.stdin.isatty() else None)
         else:
-            session.run(args.prompt, compare=args.compare)
+            session.run(args.prompt, compare=args.compare, html=args.html)
     except MinispecError as e:
         print(f"minispec: error: {e}", file=sys.stderr)
         return 2

@@ -51,8 +51,16 @@ class TracedVerify:
         return emitted
 
 
-def page(prompt: str, result, traced: TracedVerify, decode, title: str) -> str:
-    """The HTML page for one generation (`result`, a GenerationResult) made with `traced`."""
+GREEDY_NOTE = """<p class=greedy><b>Temperature 0:</b> p and q are one-hot (all their mass on
+the most likely token), so every kept draft reads q(x) = p(x) = 1 and every rejected one p(x) = 0:
+a draft is kept exactly when it is the target's own choice, and the uniform r plays no role. Run
+again with a temperature (<code>--temperature 1</code>) to see r, q and p decide.</p>"""
+
+
+def page(prompt: str, result, traced: TracedVerify, decode, title: str,
+         greedy: bool = False) -> str:
+    """The HTML page for one generation (`result`, a GenerationResult) made with `traced`;
+    greedy (temperature 0) adds a note that r then decides nothing."""
 
     def tok(t: int) -> str:
         return f"<code>{html.escape(repr(decode([t]))[1:-1])}</code>"
@@ -91,6 +99,7 @@ table {{ border-collapse: collapse; margin: .3em 0; }}
 td, th {{ border: 1px solid #ccc; padding: .15em .6em; text-align: right; }}
 tr.kept td {{ background: #e3f6e3; }} tr.rejected td {{ background: #fbe3e3; }}
 .k {{ background: #e3f6e3; }} .c {{ background: #dff0fb; }} .b {{ background: #fff3c4; }}
+p.greedy {{ background: #fff3c4; padding: .5em; }}
 p.corr {{ color: #05608f; }} p.bonus {{ color: #8a6d00; }} p.note {{ color: #777; }}
 section {{ border-top: 1px solid #ddd; padding-top: .3em; }}
 </style></head><body>
@@ -100,6 +109,7 @@ section {{ border-top: 1px solid #ddd; padding-top: .3em; }}
 min(1, p(x)/q(x)); the first rejected one is replaced by a draw from norm(max(0, p - q)); if every
 draft is kept the target adds a bonus token from its next distribution.
 <span class=k>kept drafts</span> <span class=c>correction</span> <span class=b>bonus</span></p>
+{GREEDY_NOTE if greedy else ""}
 <pre>{text}</pre>
 <p><b>{st.new_tokens}</b> tokens, <b>{st.target_calls}</b> target calls
 ({st.tokens_per_target_call:.2f} tokens per call), {st.accepted} of {st.drafted} drafts kept,

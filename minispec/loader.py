@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import shipped
 from .backend import get_backend, to_host
 from .config import ModelConfig, read_config, read_json
 from .errors import MinispecError
@@ -208,7 +209,9 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
 
     dtype: compute dtype, None -> float32 ("float16" is meant for the GPU). device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
+    "shipped:target" (or "shipped:draft") names a shipped model from any directory.
     """
+    path = shipped.resolve(path)  # minispec/shipped.py; any other path passes unchanged
     if not isinstance(path, (str, Path)):
         raise MinispecError(f"load: path must be a directory path (str or Path), got "
                             f"{type(path).__name__}")

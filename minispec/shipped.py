@@ -24,3 +24,30 @@ def shipped_dir() -> Path:
 
 
 SHIPPED = shipped_dir()
+
+PREFIX = "shipped:"
+NAMES = ("target", "draft", "medusa", "eagle", "prompts.json")
+
+
+def resolve(path):
+    """"shipped:NAME" -> the shipped NAME (target, draft, medusa, eagle, prompts.json), the same
+    spelling in a checkout and after `pip install .`; any other path is returned unchanged."""
+    if not (isinstance(path, str) and path.startswith(PREFIX)):
+        return path
+    name = path[len(PREFIX):]
+    if name not in NAMES:
+        from .errors import MinispecError
+
+        raise MinispecError(f"{path!r:.80}: expected {PREFIX}NAME with NAME one of "
+                            f"{', '.join(NAMES)}")
+    return SHIPPED / name
+
+
+def display(path) -> str:
+    """A path as a user would name it: "shipped:NAME" for the shipped models (so no machine's
+    absolute path shows in printed reports), any other path as given."""
+    try:
+        rel = Path(path).resolve().relative_to(SHIPPED.resolve())
+    except ValueError:
+        return str(path)
+    return f"{PREFIX}{rel.as_posix()}"

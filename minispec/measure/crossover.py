@@ -22,7 +22,6 @@ tokens per second of the clock) and each request's latency from arrival to its l
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -37,6 +36,7 @@ from ..sampling import Sampling
 from ..shipped import SHIPPED
 from ..speculative import Request
 from . import harness
+from .sweep import need_matplotlib, save
 
 METHODS = ("plain", "speculative", "load-aware")
 
@@ -187,29 +187,53 @@ def format_serve(report: dict) -> str:
 
 
 def plot(crossover_report: dict | None, serve_report: dict | None, path: str) -> str:
-    """Throughput against batch size (and, with a serve report, against the arrival rate)."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return f"--plot: matplotlib is not installed, {path} not written"
+    """Throughput against batch size (a crossover report), or throughput and latency against
+    the arrival rate (a serve report), each panel titled, written to `path` (needs matplotlib)."""
+    need_matplotlib(path)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [r for r in (crossover_report, serve_report) if r is not None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), squeeze=False)
-    for ax, report in zip(axes[0], panels):
-        key = "batch" if report is crossover_report else "rate"
-        xs = [r[key] for r in report["rows"]]
-        for m, style in zip(METHODS, ("o-", "s--", "^:")):
-            ax.plot(xs, [r[m]["tokens_per_second"] for r in report["rows"]], style, label=m)
+    styles = dict(zip(METHODS, ("o-", "s--", "^:")))
+    if crossover_report is not None:
+        report, s = crossover_report, crossover_report["settings"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        xs = [r["batch"] for r in report["rows"]]
+        for m in METHODS:
+            ax.plot(xs, [r[m]["tokens_per_second"] for r in report["rows"]], styles[m], label=m)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size" if key == "batch" else "arrival rate (requests/s)")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+        ax.set_xlabel("batch size (sequences decoded together)")
         ax.set_ylabel("new tokens per second")
+        ax.set_title(f"Throughput against batch size\nplain, speculative (gamma {s['gamma']}) "
+                     f"and load-aware; {s['max_new_tokens']} new tokens per sequence",
+                     fontsize=11)
         ax.legend()
+    else:
+        report, s = serve_report, serve_report["settings"]
+        fig, (ax, lat) = plt.subplots(1, 2, figsize=(11, 4.5))
+        xs = [r["rate"] for r in report["rows"]]
+        for m in METHODS:
+            ax.plot(xs, [r[m]["tokens_per_second"] for r in report["rows"]], styles[m], label=m)
+            lat.plot(xs, [r[m]["latency_p50_s"] for r in report["rows"]], styles[m],
+                     label=f"{m} p50")
+            lat.plot(xs, [r[m]["latency_p99_s"] for r in report["rows"]], styles[m][0],
+                     color=lat.lines[-1].get_color(), alpha=0.4, label=f"{m} p99")
+        for a in (ax, lat):
+            a.set_xscale("log", base=2)
+            a.set_xticks(xs, [f"{x:g}" for x in xs])
+            a.set_xlabel("arrival rate (requests per second)")
+        ax.set_ylabel("new tokens per second")
+        ax.set_title("Throughput")
+        lat.set_ylabel("seconds from arrival to last token")
+        lat.set_title("Latency (p50 line, p99 faint markers)")
+        ax.legend()
+        lat.legend(fontsize=8, ncol=2)
+        fig.suptitle(f"Simulated server: {s['requests']} requests per rate, {s['slots']} slots, "
+                     f"speculative gamma {s['gamma']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path)
 
 
 # ---- the command line ---------------------------------------------------------------------------
@@ -226,7 +250,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per sequence")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--plot", metavar="PNG", default=None, help="write a plot (matplotlib)")
+    ap.add_argument("--plot", metavar="PNG", default=None,
+                    help="write a plot (needs the plot extra: pip install 'minispec[plot]')")
     return ap
 
 
@@ -261,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
     args = ap.parse_args(argv)
     sizes = _ints(args.batch, "--batch")
+    need_matplotlib(args.plot)  # before a long measurement, not after it
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)
         if not args.json:
@@ -282,6 +308,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=16, help="the batch's most sequences")
     args = ap.parse_args(argv)
     rates = _ints(args.rates, "--rates", float)
+    need_matplotlib(args.plot)
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)
         report = serve(target, draft, prompts, rates=rates, requests=args.requests,

@@ -135,13 +135,14 @@ def format_report(report: dict) -> str:
              f"methods interleaved"]
     for temp, rows in report["by_temperature"].items():
         lines.append(f"\nT = {temp}")
-        lines.append(f"{'method':<20} {'tok/call':>8} {'acc/rnd':>8} {'nodes':>6} "
+        w = max([20, *(len(r["method"]) for r in rows)])  # "eagle-2 4,3,2,2 b3 n12" is 22
+        lines.append(f"{'method':<{w}} {'tok/call':>8} {'acc/rnd':>8} {'nodes':>6} "
                      f"{'ms/rnd':>7} {'tok/s':>7} {'speedup':>8}" + ("  identical"
                                                                     if temp == "0" else ""))
         for r in rows:
             ident = ("" if r["identical"] is None
                      else "  yes" if r["identical"] else "  NO")
-            lines.append(f"{r['method']:<20} {r['tokens_per_target_call']:>8.2f} "
+            lines.append(f"{r['method']:<{w}} {r['tokens_per_target_call']:>8.2f} "
                          f"{r['accepted_per_round']:>8.2f} {r['drafted_per_round']:>6.1f} "
                          f"{r['ms_per_round']:>7.2f} {r['tokens_per_second']:>7.1f} "
                          f"{r['speedup']:>7.2f}x{ident}")

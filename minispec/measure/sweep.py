@@ -38,7 +38,7 @@ from ..backend import blas_threads
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
 from ..sampling import Sampling
-from ..shipped import SHIPPED
+from ..shipped import SHIPPED, display
 from ..speculative import Request, generate
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
@@ -166,10 +166,31 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def need_matplotlib(path: str | None) -> None:
+    """MinispecError, before anything is measured, when --plot asks for a file that cannot be
+    drawn: matplotlib is the `plot` extra (pip install "minispec[plot]")."""
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise MinispecError(f"--plot {path}: needs matplotlib, which is not installed: "
+                            "pip install 'minispec[plot]' (or pip install matplotlib); "
+                            "nothing was measured")
+
+
+def save(fig, path: str) -> str:
+    """Write a figure (readable size: 100 dpi), or MinispecError naming --plot and why not."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=100)
+    except (OSError, ValueError) as e:
+        raise MinispecError(f"--plot {path}: cannot write ({e})") from None
+    finally:
+        plt.close(fig)
+    return f"wrote {path}"
+
+
 def plot(report: dict, path: str) -> str:
-    """Measured and predicted speedup against gamma, written to `path`; a note if no matplotlib."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return f"--plot: matplotlib is not installed, {path} not written"
+    """Measured and predicted speedup against gamma, written to `path` (needs matplotlib)."""
+    need_matplotlib(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,7 +198,7 @@ def plot(report: dict, path: str) -> str:
 
     rows = report["rows"]
     gammas = [r["gamma"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(gammas, [r["speedup"] for r in rows], "o-", label="measured")
     ax.plot(gammas, [r["predicted_speedup"] for r in rows], "s--", label="Theorem 3.8")
     ax.plot(gammas, [r["predicted_speedup_measured_verify"] for r in rows], "^:",
@@ -185,13 +206,13 @@ def plot(report: dict, path: str) -> str:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("gamma (draft tokens per round)")
     ax.set_ylabel("speedup over autoregressive")
-    ax.set_title(f"{report['settings']['drafter']} drafter, "
-                 f"temperature {report['settings']['temperature']}")
+    s = report["settings"]
+    ax.set_title(f"Speedup against gamma\n{s['drafter']} drafter, {s['prompts']} prompts x "
+                 f"{s['max_new_tokens']} new tokens, temperature {s['temperature']:g}",
+                 fontsize=11)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="PNG", default=None,
-                    help="draw measured and predicted speedup against gamma (needs matplotlib)")
+                    help="draw measured and predicted speedup against gamma (needs the plot "
+                    "extra: pip install 'minispec[plot]')")
     return ap
 
 
@@ -269,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..loader import load
 
     gammas = parse_gammas(args.gammas)
+    need_matplotlib(args.plot)  # before a long measurement, not after it
     target_dir, draft_dir, prompt_file = _paths(args)
     start = time.perf_counter()
     with blas_threads(args.threads) as threads:
@@ -289,14 +312,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
     else:
         s = report["settings"]
-        drafter = {"model": f"model ({draft_dir})", "ngram": "ngram (prompt lookup, max_n 3)",
+        drafter = {"model": f"model ({display(draft_dir)})",
+                   "ngram": "ngram (prompt lookup, max_n 3)",
                    "early-exit": f"early-exit (first {s['exit_layer']} of "
                    f"{target.n_layers} layers)"}[args.drafter]
         blas = (f"{threads} ({s['blas_control']})" if threads is not None
                 else "unknown (the BLAS could not be controlled)")
-        print(f"minispec sweep: target {target_dir}, drafter {drafter}, {len(prompts)} prompts "
-              f"from {prompt_file}, {args.max_new_tokens} new tokens, temperature "
-              f"{args.temperature}, {target.device}, BLAS threads {blas}")
+        print(f"minispec sweep: target {display(target_dir)}, drafter {drafter}, "
+              f"{len(prompts)} prompts from {display(prompt_file)}, {args.max_new_tokens} new "
+              f"tokens, temperature {args.temperature}, {target.device}, BLAS threads {blas}")
         print(format_table(report))
         print(f"({s['seconds']:.1f} s)")
     if args.plot:  # after --json, the note goes to stderr: stdout stays valid JSON
