@@ -237,6 +237,10 @@ def _family(hf: dict[str, Any], source: str) -> str:
     family = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
     if family is None and model_type is None:
         family = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+    if family is None and model_type is None and not archs:
+        raise MinispecError(f"{source}: field 'model_type' is missing and no 'architectures' "
+                            f"names a model class, so nothing says which family this is; "
+                            f"supported families: {', '.join(FAMILIES)}")
     if family is None:
         raise MinispecError(
             f"{source}: model_type {model_type!r:.60} (architectures {archs!r:.200}) is not "

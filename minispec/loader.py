@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -281,8 +282,14 @@ def read_special_tokens_file(path: Path) -> dict:
     """generation_config.json or tokenizer_config.json as a dict, read for the few fields minispec
     takes from it (BOS/EOS ids or strings, add_bos_token): what it holds besides (a NaN sampling
     setting, transformers' int(1e30) model_max_length, a chat template, fields of other tools) is
-    never looked at, so never refused; only the sizes read_json bounds stay bounded."""
-    doc = read_json(path, allow_nan=True)
+    never looked at, so never refused. A file that cannot be read at all (not JSON, too large) is
+    ignored with a warning, as transformers ignores a broken generation_config.json: the ids
+    then come from config.json and the tokenizer."""
+    try:
+        doc = read_json(path, allow_nan=True)
+    except MinispecError as e:
+        warnings.warn(f"{e}; ignored (minispec reads only special tokens from it)", stacklevel=3)
+        return {}
     return doc if isinstance(doc, dict) else {}
 
 
