@@ -359,3 +359,18 @@ def test_any_bad_dtype_is_a_minispec_error(tmp_path, dtype):
     _saved(tmp_path)
     with pytest.raises(MinispecError, match="dtype: expected None, 'float32' or 'float16'"):
         load(tmp_path, dtype=dtype, device="cpu")
+
+
+def test_an_unreadable_special_tokens_file_is_ignored_with_a_warning(tmp_path):
+    _saved(tmp_path)  # config.json: bos 1, eos 2
+    _write_tokenizer(tmp_path, bos_template=True)
+    # as published in DracoUnion/Qwen1.5-moe-8x0.5B-Chat: a comma missing after a hand-added field
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 5\n"max_new_tokens": 9}')
+    (tmp_path / "tokenizer_config.json").write_text('{"add_bos_token": false,}')
+    with pytest.warns(UserWarning) as caught:
+        m = load(tmp_path, device="cpu")
+    assert [str(w.message).split(": ")[0] for w in caught] == [
+        str(tmp_path / "generation_config.json"), str(tmp_path / "tokenizer_config.json")]
+    assert all("not valid JSON" in str(w.message) and "ignored" in str(w.message) for w in caught)
+    # both files set aside: EOS from config.json, BOS as the tokenizer's own template adds it
+    assert (m.config.eos_token_ids, m.tokenizer.encode("hello")) == ((2,), [1, 3])

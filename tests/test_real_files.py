@@ -133,3 +133,41 @@ def test_the_corpus_covers_what_it_claims():
     assert supported == set(FAMILIES)
     assert len(unsupported) >= 12
     assert len(ROWS) >= 100 and len({r["repo"] for r in ROWS}) >= 50
+
+
+def _fields(c) -> dict:
+    """What the math depends on, from a minispec ModelConfig or a transformers config object."""
+    if isinstance(c, ModelConfig):
+        return {"D": c.hidden_size, "L": c.n_layers, "H": c.n_heads, "K": c.n_kv_heads,
+                "E": c.head_dim, "F": c.intermediate_size, "P": c.max_position_embeddings,
+                "eps": c.norm_eps, "tie": c.tie_word_embeddings, "V": c.vocab_size,
+                "theta": c.rope_theta if c.family != "gpt2" else None,
+                "scaling": (c.rope_scaling or {}).get("factor"),
+                "window": c.sliding_window, "bias": c.attention_bias}
+    if c.model_type == "gpt2":
+        return {"D": c.n_embd, "L": c.n_layer, "H": c.n_head, "K": c.n_head,
+                "E": c.n_embd // c.n_head, "F": c.n_inner or 4 * c.n_embd, "P": c.n_positions,
+                "eps": c.layer_norm_epsilon, "tie": c.tie_word_embeddings, "V": c.vocab_size,
+                "theta": None, "scaling": None, "window": None, "bias": False}
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", None))
+    return {"D": c.hidden_size, "L": c.num_hidden_layers, "H": c.num_attention_heads,
+            "K": c.num_key_value_heads, "E": getattr(c, "head_dim", None)
+            or c.hidden_size // c.num_attention_heads, "F": c.intermediate_size,
+            "P": c.max_position_embeddings, "eps": c.rms_norm_eps, "tie": c.tie_word_embeddings,
+            "V": c.vocab_size, "theta": theta,
+            "scaling": rope.get("factor") if rope.get("rope_type", "default") != "default"
+            else None, "window": c.sliding_window if c.model_type == "mistral" else None,
+            "bias": getattr(c, "attention_bias", c.model_type == "qwen2")}
+
+
+@pytest.mark.parametrize("row", [r for r in _rows("config.json")
+                                 if r.values[0]["expect"] == "load"])
+def test_accepted_configs_read_as_transformers_reads_them(row):
+    transformers = pytest.importorskip("transformers", reason="the cross-check needs transformers")
+    import json
+
+    path = DATA / row["file"]
+    ours = read_config(path)
+    theirs = transformers.CONFIG_MAPPING[ours.family].from_dict(json.loads(path.read_text()))
+    assert _fields(ours) == _fields(theirs)
