@@ -195,3 +195,19 @@ def test_a_header_declaring_too_many_tensors_is_refused_before_it_is_all_parsed(
     header = ("{" + few + "}").encode()
     path.write_bytes(len(header).to_bytes(8, "little") + header)
     assert len(SafetensorsFile(path).keys()) == 1000
+
+
+def test_the_tensor_count_bound_is_exact(tmp_path):
+    from minispec.safetensors import MAX_TENSORS
+
+    path = tmp_path / "edge.safetensors"
+    for n, ok in ((MAX_TENSORS, True), (MAX_TENSORS + 1, False)):
+        entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+                           for i in range(n))
+        header = ('{"__metadata__":{"format":"pt"},' + entries + "}").encode()
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+        if ok:
+            assert len(SafetensorsFile(path).keys()) == MAX_TENSORS
+        else:
+            with pytest.raises(MinispecError, match="more than 50000 tensors"):
+                SafetensorsFile(path)
