@@ -26,6 +26,14 @@ _ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "GPT2LMHeadModel": "gpt2",
 }
+# activation spellings transformers' ACT2FN maps to the very same function: the tanh GELU (gelu_fast
+# rounds sqrt(2/pi) to 0.7978845608, 3e-12 off) for gpt2, SiLU for the others
+GELU_TANH_NAMES = ("gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python_tanh",
+                   "gelu_accurate")
+SILU_NAMES = ("silu", "swish")
+# the heads a config's `architectures` may name: minispec runs causal language models only
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+_ARCH_OF = {family: arch for arch, family in _ARCHITECTURES.items()}
 ROPE_TYPES = ("default", "linear", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -150,12 +158,16 @@ def read_config(path: str | Path) -> ModelConfig:
 
 
 MAX_JSON_BYTES = 64 * 2**20  # config.json and friends are kilobytes; tokenizer.json megabytes
+# the most digits a JSON integer may have: int() of it stays cheap (Python's own limit is 4300),
+# and transformers' int(1e30) "model_max_length" (31 digits) reads as what it is
+MAX_INT_DIGITS = 4000
 
 
-def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
+def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES, *, allow_nan: bool = False) -> Any:
     """json.load with MinispecError naming the file for a missing, special (a FIFO would hang
-    the read), oversized or corrupt file; integers of more than 30 digits, NaN/Infinity and
-    nesting deeper than Python's recursion limit are refused as corrupt."""
+    the read), oversized or corrupt file; integers of more than MAX_INT_DIGITS digits and nesting
+    deeper than Python's recursion limit are refused as corrupt, and so are NaN/Infinity unless
+    allow_nan (for files of which minispec reads a few fields and ignores the rest)."""
     if not path.exists():
         raise MinispecError(f"{path}: file not found")
     if not path.is_file():
@@ -168,14 +180,17 @@ def read_json(path: Path, max_bytes: int = MAX_JSON_BYTES) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise MinispecError(f"{path}: cannot read ({str(e)[:200]})") from None
     try:
-        return json.loads(text, parse_int=_bounded_int, parse_constant=_no_constant)
+        return json.loads(text, parse_int=bounded_int,
+                          parse_constant=float if allow_nan else _no_constant)
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
         raise MinispecError(f"{path}: not valid JSON ({str(e)[:200]})") from None
 
 
-def _bounded_int(s: str) -> int:
-    if len(s.lstrip("-")) > 30:
-        raise ValueError(f"an integer of {len(s)} digits")
+def bounded_int(s: str) -> int:
+    """int(s) for json's parse_int, refusing a number too long to convert cheaply."""
+    digits = len(s) - s.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
     return int(s)
 
 
@@ -213,17 +228,32 @@ def _check_rope_scaling(rs: Any, where: str) -> dict[str, Any] | None:
 
 def _family(hf: dict[str, Any], source: str) -> str:
     model_type = hf.get("model_type")
-    if isinstance(model_type, str) and model_type in _MODEL_TYPES:
-        return _MODEL_TYPES[model_type]
-    archs = hf.get("architectures") or []
-    if model_type is None and isinstance(archs, list):
-        for arch in archs:
-            if isinstance(arch, str) and arch in _ARCHITECTURES:
-                return _ARCHITECTURES[arch]
-    raise MinispecError(
-        f"{source}: model_type {model_type!r} (architectures {archs!r}) is not supported; "
-        f"supported families: {', '.join(FAMILIES)}"
-    )
+    archs = hf.get("architectures")
+    if archs is not None and not (isinstance(archs, list)
+                                  and all(isinstance(a, str) for a in archs)):
+        raise MinispecError(f"{source}: field 'architectures' should be a list of class names, "
+                            f"got {archs!r:.100}")
+    archs = archs or []
+    family = _MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+    if family is None and model_type is None:
+        family = next((_ARCHITECTURES[a] for a in archs if a in _ARCHITECTURES), None)
+    if family is None and model_type is None and not archs:
+        raise MinispecError(f"{source}: field 'model_type' is missing and no 'architectures' "
+                            f"names a model class, so nothing says which family this is; "
+                            f"supported families: {', '.join(FAMILIES)}")
+    if family is None:
+        raise MinispecError(
+            f"{source}: model_type {model_type!r:.60} (architectures {archs!r:.200}) is not "
+            f"supported; supported families: {', '.join(FAMILIES)}"
+        )
+    heads = [a for a in archs if not a.endswith(CAUSAL_LM_SUFFIXES)]
+    if heads:  # e.g. LlamaForSequenceClassification: the same body under another head
+        raise MinispecError(
+            f"{source}: field 'architectures' names {heads[0]!r:.80}, which is not a causal "
+            f"language model; minispec runs {family} checkpoints saved as "
+            f"...{' or ...'.join(CAUSAL_LM_SUFFIXES)} (e.g. {_ARCH_OF[family]})"
+        )
+    return family
 
 
 def _int_ids(value: Any, where: str) -> tuple[int, ...]:
@@ -276,9 +306,10 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
     }
     if family == "gpt2":
         act = hf.get("activation_function", "gelu_new")
-        if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise MinispecError(f"{source}: field 'activation_function' is {act!r}; minispec "
-                                f"supports 'gelu_new' for gpt2")
+        if act not in GELU_TANH_NAMES:
+            raise MinispecError(f"{source}: field 'activation_function' is {act!r:.60}; minispec "
+                                f"supports the tanh GELU for gpt2, spelled "
+                                f"{', '.join(map(repr, GELU_TANH_NAMES))}")
         for key, ok in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                         ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
             if hf.get(key, ok) != ok:
@@ -295,9 +326,9 @@ def _from_hf(hf: dict[str, Any], source: str) -> ModelConfig:
         }
     else:
         act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise MinispecError(f"{source}: field 'hidden_act' is {act!r}; minispec supports "
-                                f"'silu' for {family}")
+        if act not in SILU_NAMES:
+            raise MinispecError(f"{source}: field 'hidden_act' is {act!r:.60}; minispec supports "
+                                f"SiLU for {family}, spelled {', '.join(map(repr, SILU_NAMES))}")
         if hf.get("mlp_bias", False):
             raise MinispecError(f"{source}: field 'mlp_bias' is true; minispec supports MLPs "
                                 f"without bias only")

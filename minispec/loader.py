@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,10 +183,10 @@ def _compute_dtype(dtype) -> np.dtype:
         return np.dtype(np.float32)
     try:
         dt = np.dtype(dtype)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - np.dtype raises TypeError, ValueError, ... on odd input
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.float16)):
-        raise MinispecError(f"dtype: expected None, 'float32' or 'float16', got {dtype!r} "
+        raise MinispecError(f"dtype: expected None, 'float32' or 'float16', got {dtype!r:.100} "
                             f"(bfloat16 weights are converted; compute in float32 or float16)")
     return dt
 
@@ -280,6 +281,21 @@ def _token_ids_from(doc: dict, key: str, where: str) -> tuple[int, ...] | None:
     return tuple(values)
 
 
+def read_special_tokens_file(path: Path) -> dict:
+    """generation_config.json or tokenizer_config.json as a dict, read for the few fields minispec
+    takes from it (BOS/EOS ids or strings, add_bos_token): what it holds besides (a NaN sampling
+    setting, transformers' int(1e30) model_max_length, a chat template, fields of other tools) is
+    never looked at, so never refused. A file that cannot be read at all (not JSON, too large) is
+    ignored with a warning, as transformers ignores a broken generation_config.json: the ids
+    then come from config.json and the tokenizer."""
+    try:
+        doc = read_json(path, allow_nan=True)
+    except MinispecError as e:
+        warnings.warn(f"{e}; ignored (minispec reads only special tokens from it)", stacklevel=3)
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> ModelConfig:
     """BOS/EOS from config.json, overridden by generation_config.json, else
     tokenizer_config.json."""
@@ -287,13 +303,11 @@ def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> M
     eos = config.eos_token_ids or None
     gen_path = path / "generation_config.json"
     if gen_path.exists():
-        gen = read_json(gen_path)
-        if isinstance(gen, dict):
-            bos = _token_ids_from(gen, "bos_token_id", str(gen_path)) or bos
-            eos = _token_ids_from(gen, "eos_token_id", str(gen_path)) or eos
+        gen = read_special_tokens_file(gen_path)
+        bos = _token_ids_from(gen, "bos_token_id", str(gen_path)) or bos
+        eos = _token_ids_from(gen, "eos_token_id", str(gen_path)) or eos
     tc_path = path / "tokenizer_config.json"
-    tc = read_json(tc_path) if tc_path.exists() else {}
-    tc = tc if isinstance(tc, dict) else {}
+    tc = read_special_tokens_file(tc_path) if tc_path.exists() else {}
     if tok is not None:
         def token_id(key: str) -> int | None:
             t = tc.get(key)
@@ -306,6 +320,9 @@ def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> M
             eos = (token_id("eos_token"),)
         # encode() adds BOS exactly when the model's own tokenizer would
         add_bos = tc.get("add_bos_token")
+        if add_bos is not None and not isinstance(add_bos, bool):
+            raise MinispecError(f"{tc_path}: field 'add_bos_token' should be true, false or "
+                                f"null, got {add_bos!r:.60}")
         pp_bos = tok.post_processor_bos()
         if add_bos is False or (add_bos is None and pp_bos is None):
             tok.bos_id = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import _no_constant, bounded_int
 from .errors import MinispecError
 
 # bytes per element of every dtype the format defines (to check sizes); minispec reads the first 3
@@ -30,6 +31,9 @@ ITEMSIZE = {
 }
 SUPPORTED = ("F32", "F16", "BF16")
 MAX_HEADER = 100 * 1024 * 1024  # the reference implementation's limit too
+# tensors one file may declare: a 70B Llama has 723 in all, a shard of the largest MoE checkpoints
+# a few thousand; parsing a million tiny entries would take over a gigabyte before any check
+MAX_TENSORS = 50_000
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 
@@ -119,9 +123,21 @@ def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int
         raise MinispecError(f"{path}: file not found") from None
     except OSError as e:
         raise MinispecError(f"{path}: cannot read ({e})") from None
+    objects = 0
+
+    def counted(pairs: list) -> dict:  # called once per JSON object, as the parser closes it
+        nonlocal objects
+        objects += 1
+        if objects > MAX_TENSORS + 2:  # the tensors' entries, __metadata__, the header itself
+            raise _TooManyTensors
+        return dict(pairs)
+
     try:
-        header = json.loads(raw.decode("utf-8"), parse_int=_bounded_int,
-                            parse_constant=_no_constant)
+        header = json.loads(raw.decode("utf-8"), parse_int=bounded_int,
+                            parse_constant=_no_constant, object_pairs_hook=counted)
+    except _TooManyTensors:
+        raise MinispecError(f"{path}: the header declares more than {MAX_TENSORS} tensors (or "
+                            f"objects); real checkpoint files hold a few thousand") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise MinispecError(f"{path}: header is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(header, dict):
@@ -154,14 +170,8 @@ def _encodable(name: str) -> bool:
         return False
 
 
-def _bounded_int(s: str) -> int:
-    if len(s.lstrip("-")) > 30:
-        raise ValueError(f"an integer of {len(s)} digits")
-    return int(s)
-
-
-def _no_constant(s: str):
-    raise ValueError(f"{s} is not a JSON number")
+class _TooManyTensors(Exception):
+    pass
 
 
 def _check_entry(path: Path, name: str, entry: Any, data_size: int) -> TensorInfo:

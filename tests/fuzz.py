@@ -1,6 +1,6 @@
 """A seeded fuzz campaign against minispec's boundaries: mutated checkpoint directories
 (safetensors header and data, config.json, tokenizer.json, files that are not regular files),
-bad generation parameters and bad verify() arguments.
+bad load(dtype=...) values, bad generation parameters and bad verify() arguments.
 
 Each case runs in its own forked process under a 4 GiB address-space cap and a 20 s timeout, and
 is classified:
@@ -46,7 +46,7 @@ import minispec  # noqa: E402  (the checkout's, imported once before forking)
 from minispec.errors import MinispecError  # noqa: E402
 
 BASE = ROOT / "weights" / "draft"  # a real, small checkpoint directory (2.4 MB)
-KINDS = ("safetensors", "config", "tokenizer", "special", "generate", "verify")
+KINDS = ("safetensors", "config", "tokenizer", "special", "dtype", "generate", "verify")
 MEMORY_CAP = 4 * 2**30
 TIMEOUT = 20.0
 EXIT = {0: "accepted", 10: "error", 11: "other", 12: "memory", 13: "silent"}
@@ -110,7 +110,7 @@ def mutate_safetensors(d: Path, rng: random.Random) -> None:
     n = struct.unpack("<Q", raw[:8])[0]
     header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
     how = rng.choice(["field", "field", "length", "truncate", "flip-data", "flip-header",
-                      "raw", "shift"])
+                      "raw", "shift", "many"])
     if how == "field":
         name = rng.choice(list(header))
         if name == "__metadata__" or rng.random() < 0.2:
@@ -137,6 +137,14 @@ def mutate_safetensors(d: Path, rng: random.Random) -> None:
     elif how == "raw":
         text = dump(header, random.Random(rng.random())).encode()
         text = rng.choice(RAW_WEIRD).encode() if rng.random() < 0.5 else text
+        raw = struct.pack("<Q", len(text)) + text + data
+    elif how == "many":  # tens of thousands of empty tensors: the count is bounded, not parsed
+        from minispec.safetensors import MAX_TENSORS
+
+        empty = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+        extra = rng.choice([MAX_TENSORS - len(header), MAX_TENSORS + 1, 2 * MAX_TENSORS])
+        header.update({f"empty.{i}": empty for i in range(extra)})
+        text = json.dumps(header).encode()
         raw = struct.pack("<Q", len(text)) + text + data
     else:  # the header one byte short: every tensor shifted by a byte
         raw = struct.pack("<Q", n - 1) + raw[8:]
@@ -234,6 +242,18 @@ def case_generate(rng: random.Random) -> None:
         raise SilentError(f"tokens outside the vocabulary: {out.tokens!r:.100}")
 
 
+DTYPES = [None, "float32", "float16", np.float32, "bfloat16", "float64", "int8", ">f4", "V8",
+          "S3", "U", object, "no such dtype", 3.5, 10**400, [("a", "f4", (-1,))], [("a", "f4")],
+          {"names": ["a"], "formats": ["f4"], "offsets": [-4]}, np.dtype([("a", "<f2", (2,))]),
+          ("f4", (2,)), [], {}, "f4, f2"]
+
+
+def case_dtype(rng: random.Random) -> None:
+    model = minispec.load(BASE, dtype=rng.choice(DTYPES), device="cpu")
+    if model.dtype not in (np.float32, np.float16):
+        raise SilentError(f"loaded with compute dtype {model.dtype}")
+
+
 def case_verify(rng: random.Random) -> None:
     V, g = rng.choice([0, 1, 3, 5]), rng.choice([0, 1, 2, 3])
     r = np.random.default_rng(rng.randrange(1000))
@@ -260,6 +280,8 @@ def run_case(kind: str, index: int, seed: int, workdir: Path) -> None:
         return case_generate(rng)
     if kind == "verify":
         return case_verify(rng)
+    if kind == "dtype":
+        return case_dtype(rng)
     d = workdir / f"{kind}-{index}"
     shutil.copytree(BASE, d)
     {"safetensors": mutate_safetensors, "config": mutate_config,

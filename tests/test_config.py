@@ -156,3 +156,69 @@ def test_boolean_fields_must_be_json_booleans(tmp_path):
             "tie_word_embeddings": value}))
         with pytest.raises(MinispecError, match="tie_word_embeddings' should be true or false"):
             read_config(tmp_path / "config.json")
+
+
+def test_large_integers_are_bounded_by_their_text_not_30_digits(tmp_path):
+    from minispec.config import MAX_INT_DIGITS, read_json
+
+    p = tmp_path / "tokenizer_config.json"
+    # what transformers writes when a model has no fixed length: int(1e30), 31 digits
+    p.write_text('{"model_max_length": 1000000000000000019884624838656}')
+    assert read_json(p) == {"model_max_length": 10**30 + 19884624838656}
+    p.write_text('{"n": -%s}' % ("9" * MAX_INT_DIGITS))
+    assert read_json(p)["n"] == -(10**MAX_INT_DIGITS - 1)
+    p.write_text('{"n": %s}' % ("9" * (MAX_INT_DIGITS + 1)))  # int() of it could get slow
+    with pytest.raises(MinispecError, match=f"not valid JSON.*at most {MAX_INT_DIGITS}"):
+        read_json(p)
+    p.write_text('{"temperature": NaN}')
+    with pytest.raises(MinispecError, match="NaN is not a JSON number"):
+        read_json(p)
+    assert np.isnan(read_json(p, allow_nan=True)["temperature"])
+
+
+@pytest.mark.parametrize("act", ["gelu_new", "gelu_fast", "gelu_pytorch_tanh",
+                                 "gelu_python_tanh", "gelu_accurate"])
+def test_every_spelling_of_the_tanh_gelu_is_gpt2s(act):
+    c = ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 10, "activation_function": act})
+    assert c.family == "gpt2"
+
+
+def test_a_different_activation_is_refused_naming_every_accepted_spelling():
+    # exact (erf) GELU and quick_gelu are other functions: refused
+    for act in ("gelu", "gelu_python", "quick_gelu", "relu"):
+        with pytest.raises(MinispecError, match="'gelu_new', 'gelu_fast', 'gelu_pytorch_tanh', "
+                                                "'gelu_python_tanh', 'gelu_accurate'"):
+            ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 10,
+                                 "activation_function": act})
+    assert ModelConfig.from_hf({**LLAMA, "hidden_act": "swish"}).family == "llama"
+    with pytest.raises(MinispecError, match="hidden_act' is 'gelu'.*'silu', 'swish'"):
+        ModelConfig.from_hf({**LLAMA, "hidden_act": "gelu"})
+
+
+def test_activation_spellings_match_transformers():
+    """Each accepted spelling computes, in transformers, the function minispec computes."""
+    torch = pytest.importorskip("torch", reason="needs torch to run transformers' activations")
+    acts = pytest.importorskip("transformers.activations",
+                               reason="needs transformers to compare activations")
+    from minispec.config import GELU_TANH_NAMES, SILU_NAMES
+    from minispec.model import gelu_new
+
+    x = np.linspace(-8, 8, 401, dtype=np.float64)
+    for names, ours in ((GELU_TANH_NAMES, gelu_new(np, x)), (SILU_NAMES, x / (1 + np.exp(-x)))):
+        for name in names:
+            theirs = acts.ACT2FN[name](torch.from_numpy(x)).numpy()
+            np.testing.assert_allclose(theirs, ours, rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("arch", ["LlamaForSequenceClassification", "LlamaForTokenClassification",
+                                  "LlamaForQuestionAnswering", "LlamaModel"])
+def test_a_non_causal_lm_head_is_refused(arch):
+    with pytest.raises(MinispecError, match=f"x/config.json: field 'architectures' names '{arch}',"
+                                            f" which is not a causal language model.*ForCausalLM"):
+        ModelConfig.from_hf({**LLAMA, "architectures": [arch]}, "x/config.json")
+    with pytest.raises(MinispecError, match="GPT2ForTokenClassification.*LMHeadModel"):
+        ModelConfig.from_hf({"model_type": "gpt2", "vocab_size": 10,
+                             "architectures": ["GPT2ForTokenClassification"]})
+    with pytest.raises(MinispecError, match="'architectures' should be a list of class names"):
+        ModelConfig.from_hf({**LLAMA, "architectures": "LlamaForCausalLM"})
+    assert ModelConfig.from_hf({**LLAMA, "architectures": ["LlamaForCausalLM"]}).family == "llama"

@@ -326,3 +326,51 @@ def test_non_finite_weights_are_refused_at_load(tmp_path):
         (0, 0), np.nan))
     with pytest.raises(MinispecError, match="up_proj.weight' holds NaN or infinite"):
         load(tmp_path)
+
+
+def test_fields_minispec_ignores_never_fail_a_load(tmp_path):
+    _saved(tmp_path)
+    _write_tokenizer(tmp_path, bos_template=True)
+    # as transformers writes them: int(1e30) for "no fixed length", NaN from a float('nan')
+    (tmp_path / "tokenizer_config.json").write_text(
+        '{"model_max_length": 1000000000000000019884624838656, "eos_token": "<eot>", '
+        '"chat_template": "{{ messages }}", "added_tokens_decoder": {"1": {"content": "<s>"}}}')
+    (tmp_path / "generation_config.json").write_text(
+        '{"bos_token_id": 1, "temperature": NaN, "top_p": Infinity, "max_length": 1e400}')
+    m = load(tmp_path, device="cpu")
+    assert (m.config.bos_token_id, m.config.eos_token_ids, m.tokenizer.encode("hello")) == (
+        1, (2,), [1, 3])  # eos from config.json; the rest of both files ignored
+    (tmp_path / "tokenizer_config.json").write_text('{"add_bos_token": "yes"}')
+    with pytest.raises(MinispecError, match="tokenizer_config.json: field 'add_bos_token' "
+                                            "should be true, false or null, got 'yes'"):
+        load(tmp_path, device="cpu")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": "</s>"}')
+    with pytest.raises(MinispecError, match="generation_config.json: field 'eos_token_id'"):
+        load(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize("dtype", [
+    [("a", "f4", (-1,))],  # a structured dtype np.dtype refuses with ValueError
+    {"names": ["a"], "formats": ["f4"], "offsets": [-4]},
+    [("a", "f4")], "bfloat16", "int8", object, "no such dtype", 3.5,
+])
+def test_any_bad_dtype_is_a_minispec_error(tmp_path, dtype):
+    _saved(tmp_path)
+    with pytest.raises(MinispecError, match="dtype: expected None, 'float32' or 'float16'"):
+        load(tmp_path, dtype=dtype, device="cpu")
+
+
+def test_an_unreadable_special_tokens_file_is_ignored_with_a_warning(tmp_path):
+    _saved(tmp_path)  # config.json: bos 1, eos 2
+    _write_tokenizer(tmp_path, bos_template=True)
+    # as published in DracoUnion/Qwen1.5-moe-8x0.5B-Chat: a comma missing after a hand-added field
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": 5\n"max_new_tokens": 9}')
+    (tmp_path / "tokenizer_config.json").write_text('{"add_bos_token": false,}')
+    with pytest.warns(UserWarning) as caught:
+        m = load(tmp_path, device="cpu")
+    assert [str(w.message).split(": ")[0] for w in caught] == [
+        str(tmp_path / "generation_config.json"), str(tmp_path / "tokenizer_config.json")]
+    assert all("not valid JSON" in str(w.message) and "ignored" in str(w.message) for w in caught)
+    # both files set aside: EOS from config.json, BOS as the tokenizer's own template adds it
+    assert (m.config.eos_token_ids, m.tokenizer.encode("hello")) == ((2,), [1, 3])

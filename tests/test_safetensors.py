@@ -168,3 +168,46 @@ def test_index_shard_names_are_plain_file_names(tmp_path, shard):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shard}}))
     with pytest.raises(MinispecError, match="weight_map"):
         Checkpoint(tmp_path)
+
+
+def test_a_header_declaring_too_many_tensors_is_refused_before_it_is_all_parsed(tmp_path):
+    import tracemalloc
+
+    from minispec.safetensors import MAX_TENSORS
+
+    n = 4 * MAX_TENSORS  # the campaign's file had a million: 1.6 GB peak before this bound
+    entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+                       for i in range(n))
+    header = ("{" + entries + "}").encode()
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    tracemalloc.start()
+    try:
+        with pytest.raises(MinispecError, match=f"declares more than {MAX_TENSORS} tensors"):
+            SafetensorsFile(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the raw header (~15 MB here) plus at most MAX_TENSORS parsed entries
+    assert peak < len(header) * 2 + 600 * MAX_TENSORS
+    few = ",".join(f'"t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+                   for i in range(1000))
+    header = ("{" + few + "}").encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert len(SafetensorsFile(path).keys()) == 1000
+
+
+def test_the_tensor_count_bound_is_exact(tmp_path):
+    from minispec.safetensors import MAX_TENSORS
+
+    path = tmp_path / "edge.safetensors"
+    for n, ok in ((MAX_TENSORS, True), (MAX_TENSORS + 1, False)):
+        entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+                           for i in range(n))
+        header = ('{"__metadata__":{"format":"pt"},' + entries + "}").encode()
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+        if ok:
+            assert len(SafetensorsFile(path).keys()) == MAX_TENSORS
+        else:
+            with pytest.raises(MinispecError, match="more than 50000 tensors"):
+                SafetensorsFile(path)
