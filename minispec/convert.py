@@ -35,7 +35,11 @@ from .safetensors import save_file
 ARCHITECTURES = ("llama",)
 # tokenizer.ggml.pre -> what splits the text before byte-level BPE (llama.cpp's llama-vocab.cpp
 # spells each as regexes; these are the same splits in the tokenizers library's terms)
-PRE_TOKENIZERS = ("smollm", "starcoder", "gpt-2", "default")
+PRE_TOKENIZERS = ("smollm", "starcoder", "gpt-2", "llama-bpe")
+# Llama 3's split (its tokenizer.json spells it so): contractions, words with one leading
+# non-letter, numbers of up to 3 digits, punctuation runs, newlines, spaces
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # GGUF token types (llama.cpp's llama_token_type): 3 control tokens are special (<|im_start|>),
 # 4 user-defined ones are added tokens matched whole
 CONTROL, USER_DEFINED = 3, 4
@@ -228,7 +232,15 @@ def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
 def hf_tokenizer(meta: dict[str, Any], source: str):
     """A tokenizers.Tokenizer from the GGUF's vocabulary: byte-level BPE with the merges, the
     pre-tokenizer tokenizer.ggml.pre names, control tokens as special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
 
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":
@@ -244,15 +256,28 @@ def hf_tokenizer(meta: dict[str, Any], source: str):
     if len(vocab) != len(tokens) or len(types) != len(tokens):
         raise MinispecError(f"{source}: tokenizer.ggml.tokens holds duplicates or its length "
                             f"differs from tokenizer.ggml.token_type's")
-    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    # Llama 3 takes a word found whole in the vocabulary as it is, before any merge
+    whole = {"ignore_merges": True} if pre == "llama-bpe" else {}  # (tokenizers >= 0.19)
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, **whole))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in ("smollm", "starcoder"):  # every digit its own word, then GPT-2's split
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
+    elif pre == "llama-bpe":  # Llama 3's own split, then the bytes as they are
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:  # "gpt-2"
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token") and isinstance(bos, int) and bos < len(tokens):
+        # BOS in front of every text, as llama.cpp's tokenizer puts it (Llama 3)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B",
+            special_tokens=[(tokens[bos], bos)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, k in zip(tokens, types) if k == CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False)

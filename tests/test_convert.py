@@ -17,7 +17,15 @@ import pytest
 from conftest import tiny_config
 
 import minispec
-from minispec.convert import _LAYER_NAMES, _NAMES, convert_gguf, main, permute, unpermute
+from minispec.convert import (
+    _LAYER_NAMES,
+    _NAMES,
+    convert_gguf,
+    hf_tokenizer,
+    main,
+    permute,
+    unpermute,
+)
 from minispec.errors import MinispecError
 from minispec.loader import random_model, save_checkpoint
 from minispec.safetensors import SafetensorsFile
@@ -120,6 +128,21 @@ def test_a_synthetic_gguf_converts_to_the_logits_of_its_source_weights(tmp_path,
     assert tok.encode("<|im_start|> the", add_bos=False) == [1, TOKENS.index("Ġthe")]
     assert tok.decode(tok.encode("hé the\n")) == "hé the\n"
     assert m.config.eos_token_id == 0
+
+
+def test_tokenizer_pre_tokenizers_bos_and_refusals():
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "llama-bpe",
+            "tokenizer.ggml.tokens": TOKENS, "tokenizer.ggml.token_type": [3, 3] + [1] * 259,
+            "tokenizer.ggml.merges": MERGES, "tokenizer.ggml.bos_token_id": 1}
+    ids = [TOKENS.index(t) for t in ("1", "2", "3", "Ġthe")]
+    assert hf_tokenizer(meta, "x").encode("123 the").ids == ids  # Llama 3: up to 3 digits a word
+    # (the digits are single tokens in this vocabulary either way; the split decides the merges)
+    meta["tokenizer.ggml.add_bos_token"] = True  # llama.cpp puts BOS in front: so does the file
+    assert hf_tokenizer(meta, "x").encode("123 the").ids == [1, *ids]
+    for key, value, message in (("tokenizer.ggml.pre", "qwen2", "tokenizer.ggml.pre is 'qwen2'"),
+                                ("tokenizer.ggml.model", "llama", "byte-level BPE .* only")):
+        with pytest.raises(MinispecError, match=message):
+            hf_tokenizer({**meta, key: value}, "x")
 
 
 def test_bf16_option_stores_bf16(tmp_path):
