@@ -311,9 +311,10 @@ def tokenizer_config(meta: dict[str, Any], context_length: int) -> dict[str, Any
 
 def convert_gguf(path: str | Path, out_dir: str | Path, *, bf16: bool = False) -> Path:
     """Convert the GGUF file `path` into a Hugging Face directory `out_dir` (created if needed):
-    config.json, generation_config.json, model.safetensors (float32, or BF16 if `bf16`),
-    tokenizer.json, tokenizer_config.json. Returns out_dir. Raises MinispecError for a file that
-    is not a GGUF, or a GGUF of an architecture or tokenizer not supported (module docstring)."""
+    config.json, generation_config.json, model.safetensors (float32, or BF16 if `bf16`), and
+    tokenizer.json, tokenizer_config.json when the GGUF carries a vocabulary. Returns out_dir.
+    Raises MinispecError for a file that is not a GGUF, or a GGUF of an architecture or tokenizer
+    not supported (module docstring)."""
     path, out_dir = Path(path), Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise MinispecError(f"{out_dir}: exists and is not a directory (OUT_DIR)")
