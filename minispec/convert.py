@@ -1,0 +1,366 @@
+"""GGUF (llama.cpp's file format) -> a Hugging Face model directory that minispec and transformers
+both load.
+
+    python -m minispec.convert gguf SmolLM2-135M-Instruct.Q4_1.gguf smollm2/ [--bf16]
+
+The `gguf` package (llama.cpp's own reader, `pip install gguf`) reads the file and dequantizes each
+tensor to float32; this module renames the tensors to the Hugging Face names, undoes the one layout
+change llama.cpp makes (the rows of the query and key projections, see `unpermute`), and builds
+tokenizer.json with the `tokenizers` library from the vocabulary and merges stored in the GGUF.
+It writes config.json, generation_config.json, model.safetensors (float32, or BF16 with --bf16),
+tokenizer.json and tokenizer_config.json. Offline, a few seconds for a 135M model.
+
+Supported: general.architecture "llama" (Llama, SmolLM, Mistral-style checkpoints llama.cpp stores
+as llama) with a byte-level BPE vocabulary (tokenizer.ggml.model "gpt2") whose pre-tokenizer
+(tokenizer.ggml.pre) is in PRE_TOKENIZERS. Anything else is refused with a MinispecError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import MinispecError
+from .loader import hf_shapes
+from .safetensors import save_file
+
+ARCHITECTURES = ("llama",)
+# tokenizer.ggml.pre -> what splits the text before byte-level BPE (llama.cpp's llama-vocab.cpp
+# spells each as regexes; these are the same splits in the tokenizers library's terms)
+PRE_TOKENIZERS = ("smollm", "starcoder", "gpt-2", "llama-bpe")
+# Llama 3's split (its tokenizer.json spells it so): contractions, words with one leading
+# non-letter, numbers of up to 3 digits, punctuation runs, newlines, spaces
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GGUF token types (llama.cpp's llama_token_type): 3 control tokens are special (<|im_start|>),
+# 4 user-defined ones are added tokens matched whole
+CONTROL, USER_DEFINED = 3, 4
+
+
+# ---- reading the GGUF --------------------------------------------------------------------------
+
+
+def _value(field) -> Any:
+    """A GGUF metadata field as Python: a str, a number, a bool or a list of them."""
+    from gguf import GGUFValueType
+
+    def one(part, kind):
+        if kind == GGUFValueType.STRING:
+            return part.tobytes().decode("utf-8")
+        value = part[0].item()
+        return bool(value) if kind == GGUFValueType.BOOL else value
+
+    if field.types[0] == GGUFValueType.ARRAY:
+        return [one(field.parts[i], field.types[-1]) for i in field.data]
+    return one(field.parts[field.data[0]], field.types[0])
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The metadata (key -> value) and every tensor dequantized to float32, in NumPy's row-major
+    order (a [out, in] matrix as PyTorch stores it), of a GGUF file."""
+    try:
+        import gguf
+    except ImportError:
+        raise MinispecError("minispec.convert needs the gguf package (pip install gguf), "
+                            "llama.cpp's reader") from None
+    path = Path(path)
+    if not path.is_file():
+        raise MinispecError(f"{path}: no such file (expected a .gguf file)")
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as e:
+        raise MinispecError(f"{path}: not a readable GGUF file ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+    try:
+        meta = {name: _value(f) for name, f in reader.fields.items()}
+    except (UnicodeDecodeError, IndexError) as e:
+        raise MinispecError(f"{path}: a metadata field is not readable ({e})") from None
+    tensors = {}
+    for t in reader.tensors:
+        try:
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise MinispecError(f"{path}: tensor {t.name!r}: {e}") from None
+        # the reader gives rows in NumPy order already; t.shape is GGML's (fastest axis first)
+        tensors[t.name] = np.asarray(a, dtype=np.float32).reshape(
+            [int(n) for n in reversed(t.shape)])
+    return meta, tensors
+
+
+# ---- config ------------------------------------------------------------------------------------
+
+
+def _short_float(x: float) -> float:
+    """A float32 read from the file, as the shortest decimal that is that float32 (1e-05, not
+    9.999999747378752e-06)."""
+    return float(str(np.float32(x)))
+
+
+def hf_config(meta: dict[str, Any], tensors: dict[str, np.ndarray], source: str) -> dict[str, Any]:
+    """config.json for the GGUF's hyperparameters (a LlamaForCausalLM)."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise MinispecError(f"{source}: general.architecture is {arch!r}; minispec.convert "
+                            f"supports {', '.join(ARCHITECTURES)}")
+
+    def need(key: str, default: Any = ...) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is ...:
+            raise MinispecError(f"{source}: metadata field '{arch}.{key}' is missing")
+        return value
+
+    for key in meta:
+        if key.startswith(f"{arch}.rope.scaling.") and meta[key] not in ("none", 1.0, 0, 0.0):
+            raise MinispecError(f"{source}: {key} = {meta[key]!r}; minispec.convert supports "
+                                f"plain RoPE only")
+    if "rope_freqs.weight" in tensors:
+        raise MinispecError(f"{source}: tensor 'rope_freqs.weight' (Llama 3.1 RoPE scaling) is "
+                            f"not supported by minispec.convert")
+    D, H = need("embedding_length"), need("attention.head_count")
+    E = need("attention.key_length", D // H)
+    if need("rope.dimension_count", E) != E:
+        raise MinispecError(f"{source}: {arch}.rope.dimension_count is "
+                            f"{need('rope.dimension_count')}, the head dim {E}; minispec rotates "
+                            f"the whole head")
+    V = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else 0
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": need("vocab_size", V),
+        "hidden_size": D,
+        "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": need("block_count"),
+        "num_attention_heads": H,
+        "num_key_value_heads": need("attention.head_count_kv", H),
+        "head_dim": E,
+        "max_position_embeddings": need("context_length"),
+        "rms_norm_eps": _short_float(need("attention.layer_norm_rms_epsilon")),
+        "rope_theta": _short_float(need("rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        "attention_bias": "blk.0.attn_q.bias" in tensors,
+        "mlp_bias": False,
+        # llama.cpp leaves output.weight out when the LM head is the embedding matrix
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "torch_dtype": "float32",
+    }
+    for key in ("bos", "eos", "padding"):
+        if f"tokenizer.ggml.{key}_token_id" in meta:
+            name = "pad" if key == "padding" else key
+            config[f"{name}_token_id"] = meta[f"tokenizer.ggml.{key}_token_id"]
+    return config
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+          "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's convert_hf_to_gguf.py does to q_proj / k_proj rows: within each head, the
+    rotary pairs (i, i + E/2) of Hugging Face's rotate_half become neighbours (2i, 2i + 1), the
+    layout of llama.cpp's RoPE kernel (and of Meta's original checkpoints)."""
+    return (w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])  # [H, 2, E/2, ...]
+            .swapaxes(1, 2).reshape(w.shape))  # [H, E/2, 2, ...] -> back to [H*E, ...]
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """The inverse of `permute`: GGUF's q/k rows back to Hugging Face's order."""
+    return (w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:])  # [H, E/2, 2, ...]
+            .swapaxes(1, 2).reshape(w.shape))  # [H, 2, E/2, ...] -> [H*E, ...]
+
+
+def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
+               source: str) -> dict[str, np.ndarray]:
+    """The GGUF's tensors under their Hugging Face names, q/k rows unpermuted, shapes checked."""
+    H, K = config["num_attention_heads"], config["num_key_value_heads"]
+    out = {}
+    for name, w in tensors.items():
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        if m and m.group(2) in _LAYER_NAMES:
+            hf = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+            if m.group(2).startswith("attn_q."):
+                w = unpermute(w, H)
+            elif m.group(2).startswith("attn_k."):
+                w = unpermute(w, K)
+        elif name in _NAMES:
+            hf = _NAMES[name]
+        else:
+            raise MinispecError(f"{source}: tensor {name!r} has no Hugging Face llama "
+                                f"counterpart; minispec.convert does not know it")
+        out[hf] = w
+    shapes = hf_shapes(ModelConfig.from_hf(config, f"{source} (its metadata)"))
+    for name, shape in shapes.items():
+        if name not in out:
+            raise MinispecError(f"{source}: no GGUF tensor for {name!r} (expected shape "
+                                f"{list(shape)})")
+        if out[name].shape != shape:
+            raise MinispecError(f"{source}: tensor for {name!r} has shape {list(out[name].shape)}, "
+                                f"expected {list(shape)} from the metadata")
+    extra = sorted(set(out) - set(shapes))
+    if extra:
+        raise MinispecError(f"{source}: tensors the metadata does not call for: {extra[:4]}")
+    return out
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------
+
+
+def hf_tokenizer(meta: dict[str, Any], source: str):
+    """A tokenizers.Tokenizer from the GGUF's vocabulary: byte-level BPE with the merges, the
+    pre-tokenizer tokenizer.ggml.pre names, control tokens as special tokens."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
+
+    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2":
+        raise MinispecError(f"{source}: tokenizer.ggml.model is {kind!r}; minispec.convert builds "
+                            f"byte-level BPE vocabularies ('gpt2') only")
+    if pre not in PRE_TOKENIZERS:
+        raise MinispecError(f"{source}: tokenizer.ggml.pre is {pre!r}; minispec.convert knows "
+                            f"{', '.join(PRE_TOKENIZERS)}")
+    tokens = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens) or len(types) != len(tokens):
+        raise MinispecError(f"{source}: tokenizer.ggml.tokens holds duplicates or its length "
+                            f"differs from tokenizer.ggml.token_type's")
+    # Llama 3 takes a word found whole in the vocabulary as it is, before any merge
+    whole = {"ignore_merges": True} if pre == "llama-bpe" else {}  # (tokenizers >= 0.19)
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, **whole))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder"):  # every digit its own word, then GPT-2's split
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre == "llama-bpe":  # Llama 3's own split, then the bytes as they are
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:  # "gpt-2"
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    if meta.get("tokenizer.ggml.add_bos_token") and isinstance(bos, int) and bos < len(tokens):
+        # BOS in front of every text, as llama.cpp's tokenizer puts it (Llama 3)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B",
+            special_tokens=[(tokens[bos], bos)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, k in zip(tokens, types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, k in zip(tokens, types) if k == USER_DEFINED])
+    return tok
+
+
+def tokenizer_config(meta: dict[str, Any], context_length: int) -> dict[str, Any]:
+    """tokenizer_config.json: the special tokens by name, BOS or not, the chat template."""
+    tokens = meta["tokenizer.ggml.tokens"]
+    doc: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "clean_up_tokenization_spaces": False,
+        # the context length, not transformers' int(1e30) "no limit"
+        "model_max_length": context_length,
+    }
+    for key, name in (("bos", "bos_token"), ("eos", "eos_token"), ("unknown", "unk_token"),
+                      ("padding", "pad_token")):
+        i = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if isinstance(i, int) and 0 <= i < len(tokens):
+            doc[name] = tokens[i]
+    if "tokenizer.chat_template" in meta:
+        doc["chat_template"] = meta["tokenizer.chat_template"]
+    return doc
+
+
+# ---- the whole conversion ----------------------------------------------------------------------
+
+
+def convert_gguf(path: str | Path, out_dir: str | Path, *, bf16: bool = False) -> Path:
+    """Convert the GGUF file `path` into a Hugging Face directory `out_dir` (created if needed):
+    config.json, generation_config.json, model.safetensors (float32, or BF16 if `bf16`), and
+    tokenizer.json, tokenizer_config.json when the GGUF carries a vocabulary. Returns out_dir.
+    Raises MinispecError for a file that is not a GGUF, or a GGUF of an architecture or tokenizer
+    not supported (module docstring)."""
+    path, out_dir = Path(path), Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise MinispecError(f"{out_dir}: exists and is not a directory (OUT_DIR)")
+    meta, tensors = read_gguf(path)
+    config = hf_config(meta, tensors, str(path))
+    weights = hf_tensors(config, tensors, str(path))
+    tok = hf_tokenizer(meta, str(path)) if "tokenizer.ggml.tokens" in meta else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if bf16:
+        config["torch_dtype"] = "bfloat16"
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                  if k in config}
+    for name, doc in (("config.json", config), ("generation_config.json", generation)):
+        (out_dir / name).write_text(json.dumps(doc, indent=2) + "\n")
+    save_file(weights, out_dir / "model.safetensors", bf16=bf16,
+              metadata={"format": "pt", "source": f"minispec.convert from {path.name}"})
+    if tok is not None:
+        tok.save(str(out_dir / "tokenizer.json"))
+        doc = tokenizer_config(meta, config["max_position_embeddings"])
+        (out_dir / "tokenizer_config.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m minispec.convert gguf FILE OUT_DIR [--bf16]"""
+    ap = argparse.ArgumentParser(prog="python -m minispec.convert",
+                                 description="Convert a checkpoint into a Hugging Face directory "
+                                             "that minispec.load and transformers read.")
+    sub = ap.add_subparsers(dest="format", required=True)
+    g = sub.add_parser("gguf", help="a llama.cpp GGUF file (llama architecture, byte-level BPE)")
+    g.add_argument("file", help="the .gguf file")
+    g.add_argument("out_dir", help="the directory to write (created if missing)")
+    g.add_argument("--bf16", action="store_true", help="store the weights as BF16, not float32")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        out = convert_gguf(args.file, args.out_dir, bf16=args.bf16)
+    except MinispecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    config = json.loads((out / "config.json").read_text())
+    print(f"wrote {out} in {time.perf_counter() - start:.1f} s: {config['num_hidden_layers']} "
+          f"layers, hidden size {config['hidden_size']}, vocab {config['vocab_size']}, "
+          f"{'bf16' if args.bf16 else 'float32'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
