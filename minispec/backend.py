@@ -167,16 +167,26 @@ def _compiled() -> bool:
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], one output after the other: the weights
-    # are then read as one sequential stream, which the hardware prefetcher follows best (8
-    # outputs side by side, 8 streams, were up to 1.3x slower from memory here)
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time
+    f, d = wt.shape
     x0 = x[0]
-    for o in range(wt.shape[0]):
-        w = wt[o]
-        a = np.float32(0)
-        for i in range(x.shape[1]):
-            a += w[i] * x0[i]
-        y[0, o] = a
+    for o in range(0, f - f % 8, 8):
+        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
+        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for i in range(d):
+            v = x0[i]
+            a0 += w0[i] * v
+            a1 += w1[i] * v
+            a2 += w2[i] * v
+            a3 += w3[i] * v
+            a4 += w4[i] * v
+            a5 += w5[i] * v
+            a6 += w6[i] * v
+            a7 += w7[i] * v
+        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
+        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
+    _rest(x, wt, y, f - f % 8)
 
 
 def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
