@@ -596,8 +596,9 @@ def plot(report: dict, path: str) -> str:
     ax.set_xlabel("k, tokens in one target call")
     ax.set_ylabel("time of the call (ms)")
     m = report["models"]["target"]
+    n = report["settings"]["blas_threads"] or "?"
     ax.set_title(f"Verify cost: target L={m['layers']} D={m['hidden']} V={m['vocab']}, "
-                 f"{report['settings']['blas_threads'] or '?'} thread(s)")
+                 f"{n} thread{'' if n == 1 else 's'}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
