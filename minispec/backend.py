@@ -4,10 +4,11 @@ The model code never imports numpy or cupy itself; it is handed `xp`. A CPU-only
 needs CuPy installed: it is imported only when the GPU is asked for (or `auto` looks for it).
 
 Two CPU speed details live here, out of the model's math: `matmul`, which model.py calls for
-every weight product (`x @ w`, with a blocking that suits OpenBLAS when a few rows come in), and
-NumPy's BLAS thread pool: decode-sized matmuls (a few rows times a weight matrix) are often faster
-on one thread than on several, and many times slower when the threads compete with another
-process. The command line and the benchmarks set the threads; the model math never does.
+every weight product (`x @ w`; a few float32 rows go through a numba kernel that reads each weight
+once for all of them, when numba is installed), and NumPy's BLAS thread pool: decode-sized
+matmuls are often faster on one thread than on several, and many times slower when the threads
+compete with another process. The command line and the benchmarks set the threads; the model
+math never does.
 """
 
 from __future__ import annotations
@@ -77,57 +78,188 @@ def to_host(a) -> np.ndarray:
 
 
 # ---- the weight products -------------------------------------------------------------------
+#
+# A decode step is bound by reading the weights: checking k drafted tokens should cost about what
+# one token does, because each weight, once read, can be multiplied with all k rows. NumPy's
+# OpenBLAS does not do that for a few rows: it first copies ("packs") the whole weight matrix, so
+# 2 rows cost 2-4x one row. `few_rows_matmul` below reads each weight once for all rows. Weights
+# are stored one output per row (loader.py keeps the checkpoint's [D_out, D_in] and hands model.py
+# the transposed view w [D_in, D_out]), so each output's weights are one contiguous stream.
+
+KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
+
+_kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
+_kernels: tuple | None = None  # (one row, several rows), compiled on first use; () without numba
+_prefetch = _rest = None  # numba functions the kernels call, made with them
 
 
 def matmul(x, w):
     """x @ w for activations x [T, D_in] and a weight w [D_in, D_out] (or a transposed view).
 
-    The same product everywhere; on the CPU, 2 to 16 float32 rows (a verify call's gamma + 1
-    tokens, a drafter's catch-up) go through `few_rows_matmul`, which OpenBLAS runs faster.
+    The same product everywhere. On the CPU, 1..32 float32 rows against a weight stored one
+    output per row (w.T C-contiguous: every weight loader.py makes) go through
+    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS).
     """
-    if isinstance(x, np.ndarray) and x.dtype == np.float32 and 1 < x.shape[0] <= 16:
+    if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
+            and x.dtype == np.float32 and w.dtype == np.float32 and w.ndim == 2
+            and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
         return few_rows_matmul(x, w)
-    if isinstance(x, np.ndarray) and x.shape[0] > 16 and _transposed(w):
-        # a tied LM head under a batch's rows: OpenBLAS takes the product about 2x faster as
-        # embedding [V, D] @ x.T than as x @ its transposed view
-        return (w.T @ x.T).T
     return x @ w
 
 
-def _transposed(w) -> bool:
-    return w.flags.f_contiguous and not w.flags.c_contiguous
-
-
-SMALL_GEMM = 10**6  # OpenBLAS multiplies without repacking when rows * columns * depth <= this
-SMALL_GEMM_T = 1200  # ... and, for a transposed w, when rows * columns <= this
-
-
 def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x @ w for a few float32 rows on the CPU, in blocks OpenBLAS multiplies without repacking.
+    """x @ w for a few float32 rows x [T, D_in], reading each weight of w [D_in, D_out] once.
 
-    Given a handful of rows, OpenBLAS's sgemm first copies ("packs") the whole of w, so 5 rows
-    cost about 3x one row (a matrix-vector product, which reads w in place); the tied LM head,
-    a transposed view, about 5x. Its small-matrix kernels skip that copy when rows * columns *
-    depth <= SMALL_GEMM (and, for a transposed w, rows * columns <= SMALL_GEMM_T), so w goes in
-    blocks that qualify: slices of its input rows, summed; for a transposed w, slices of its
-    output columns, side by side. The same product up to float32 rounding, at about 1.5-2x one
-    row for 5 rows (`minispec bench` prints the verify-cost curve). Tuned for NumPy's OpenBLAS;
-    harmless elsewhere. tests/test_backend.py checks it against `x @ w` at the shipped shapes.
+    w must be a transposed view of a C-contiguous [D_out, D_in] array. Needs numba (a
+    MinispecError without it). Each output is a dot product of one contiguous weight row with
+    each x row, summed in the same order whatever T is, so a row's result does not depend on the
+    rows beside it: a verify call's logits equal those of one-token steps, bit for bit, as far
+    as the weight products go. tests/test_backend.py checks it against `x @ w`.
     """
-    t, d = x.shape  # [T, D_in]
-    f = w.shape[1]  # D_out
-    if _transposed(w):  # blocks of n columns
-        n = 128
-        while n > 8 and (n * t > SMALL_GEMM_T or n * t * d > SMALL_GEMM):
-            n //= 2
-        return np.concatenate([x @ w[:, j:j + n] for j in range(0, f, n)], axis=1)  # [T, D_out]
-    k = 64
-    while k > 8 and k * t * f > SMALL_GEMM:
-        k //= 2
-    y = x[:, :k] @ w[:k]  # [T, k] @ [k, D_out] -> [T, D_out], summed over slices of D_in
-    for i in range(k, d, k):
-        y += x[:, i:i + k] @ w[i:i + k]
+    if not _compiled():
+        raise MinispecError("few_rows_matmul: needs numba (pip install numba)")
+    if not (w.dtype == x.dtype == np.float32 and w.T.flags.c_contiguous
+            and x.ndim == 2 and x.shape[1] == w.shape[0]):
+        raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and w [D_in, D_out] "
+                            f"stored [D_out, D_in], got x {x.dtype} {x.shape}, w {w.dtype} "
+                            f"{w.shape} (C-contiguous transpose: {w.T.flags.c_contiguous})")
+    one_row, rows = _kernels
+    y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
+    (one_row if x.shape[0] == 1 else rows)(np.ascontiguousarray(x), w.T, y)
     return y
+
+
+@contextlib.contextmanager
+def use_kernel(on: bool) -> Iterator[bool]:
+    """Run a block with the few-rows kernel on or off (off: every product is NumPy's `x @ w`);
+    yields whether the kernel is in use (False without numba)."""
+    global _kernel_wanted
+    before, _kernel_wanted = _kernel_wanted, bool(on)
+    try:
+        yield _kernel_wanted and _compiled()
+    finally:
+        _kernel_wanted = before
+
+
+def kernel_available() -> bool:
+    """Whether the few-rows kernel can run here (numba imports)."""
+    return _compiled()
+
+
+def _compiled() -> bool:
+    # numba is imported on the first product, not with minispec; the machine code comes from
+    # numba's cache (cache=True) after the first run on a machine
+    global _kernels, _prefetch, _rest
+    if _kernels is None:
+        try:
+            import numba
+        except ImportError:
+            _kernels = ()
+        else:
+            jit = numba.njit(fastmath=True, cache=True)
+            _prefetch, _rest = _prefetch_intrinsic(numba), jit(_rest_kernel)
+            _kernels = (jit(_one_row_kernel), jit(_rows_kernel))
+    return bool(_kernels)
+
+
+# The kernels are plain Python, compiled by numba (fastmath lets LLVM keep 8 partial sums per
+# dot product in one AVX register). Kept apart from matmul so a reader can skip them.
+
+
+def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time
+    f, d = wt.shape
+    x0 = x[0]
+    for o in range(0, f - f % 8, 8):
+        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
+        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for i in range(d):
+            v = x0[i]
+            a0 += w0[i] * v
+            a1 += w1[i] * v
+            a2 += w2[i] * v
+            a3 += w3[i] * v
+            a4 += w4[i] * v
+            a5 += w5[i] * v
+            a6 += w6[i] * v
+            a7 += w7[i] * v
+        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
+        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
+    _rest(x, wt, y, f - f % 8)
+
+
+def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [T, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
+    # 4 weight rows are read from memory once, then from the L1 cache for the other row pairs;
+    # meanwhile the next 4 rows are prefetched, a share per pass, so the memory keeps streaming
+    # while the core multiplies (the hardware prefetcher sees no misses during those passes).
+    t, d = x.shape
+    f = wt.shape[0]
+    last = t - 1
+    lines = (d + 15) // 16  # 64-byte cache lines per weight row
+    passes = (t + 1) // 2
+    for o in range(0, f - f % 4, 4):
+        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
+        for r in range(0, t, 2):
+            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
+            share = r // 2
+            for c in range(lines * share // passes, lines * (share + 1) // passes):
+                for j in range(4):
+                    _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
+            for i in range(d):
+                v0, v1, v2, v3 = w0[i], w1[i], w2[i], w3[i]
+                u = x0[i]
+                a00 += v0 * u
+                a01 += v1 * u
+                a02 += v2 * u
+                a03 += v3 * u
+                u = x1[i]
+                a10 += v0 * u
+                a11 += v1 * u
+                a12 += v2 * u
+                a13 += v3 * u
+            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
+            if r + 1 < t:
+                y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
+    _rest(x, wt, y, f - f % 4)
+
+
+def _rest_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
+    # the outputs start.. that do not fill a block: one dot product at a time
+    for o in range(start, wt.shape[0]):
+        for r in range(x.shape[0]):
+            a = np.float32(0)
+            for i in range(x.shape[1]):
+                a += wt[o, i] * x[r, i]
+            y[r, o] = a
+
+
+def _prefetch_intrinsic(numba):
+    """A numba function `_prefetch(a, i, j)`: ask the CPU to start loading the cache line that
+    holds a[i, j] (LLVM's llvm.prefetch), without waiting for it."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, a, i, j):
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, args[1:])
+            if not getattr(ptr.type, "is_opaque", False):  # LLVM < 15: typed pointers
+                ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                "llvm.prefetch." + ("p0" if getattr(ptr.type, "is_opaque", False) else "p0i8"))
+            builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, keep in all caches, data
+            return context.get_dummy_value()
+
+        return numba.types.void(a, i, j), codegen
+
+    return prefetch
 
 
 # ---- NumPy's BLAS threads ----------------------------------------------------------------

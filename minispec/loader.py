@@ -88,6 +88,13 @@ def _gpt2_prefix(names) -> str:
 def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix: str = ""):
     """The weight dicts model.py takes, from HF-named tensors. get(name) -> host array (HF layout);
     put(host array) -> contiguous device array in the compute dtype."""
+    # every linear weight w [in, out] is, on the CPU, a view of an [out, in] array: each output's
+    # weights one contiguous row, which backend.few_rows_matmul streams (on a GPU: [in, out])
+    rows_out = isinstance(put(np.zeros((1, 1), np.float32)), np.ndarray)
+
+    def lin(a):  # the checkpoint's [out, in] -> w [in, out]
+        return put(a).T if rows_out else put(a.T)
+
     layers = []
     if c.family == "gpt2":
         for i in range(c.n_layers):
@@ -95,13 +102,13 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
             layers.append({  # GPT-2's Conv1D already stores [in, out]
                 "attn_norm_w": put(get(b + "ln_1.weight")),
                 "attn_norm_b": put(get(b + "ln_1.bias")),
-                "wqkv": put(get(b + "attn.c_attn.weight")),
+                "wqkv": lin(get(b + "attn.c_attn.weight").T),
                 "bqkv": put(get(b + "attn.c_attn.bias")),
-                "wo": put(get(b + "attn.c_proj.weight")), "bo": put(get(b + "attn.c_proj.bias")),
+                "wo": lin(get(b + "attn.c_proj.weight").T), "bo": put(get(b + "attn.c_proj.bias")),
                 "mlp_norm_w": put(get(b + "ln_2.weight")), "mlp_norm_b": put(get(b + "ln_2.bias")),
                 "w_gate": None,
-                "w_up": put(get(b + "mlp.c_fc.weight")), "b_up": put(get(b + "mlp.c_fc.bias")),
-                "w_down": put(get(b + "mlp.c_proj.weight")),
+                "w_up": lin(get(b + "mlp.c_fc.weight").T), "b_up": put(get(b + "mlp.c_fc.bias")),
+                "w_down": lin(get(b + "mlp.c_proj.weight").T),
                 "b_down": put(get(b + "mlp.c_proj.bias")),
             })
         top = {"embed": put(get(f"{prefix}wte.weight")),
@@ -112,24 +119,24 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
             b = f"model.layers.{i}."
             a = b + "self_attn."
             # q, k, v fused into one [D, (H+2K)E] matrix: one matmul instead of three
-            wqkv = np.concatenate([get(a + n + "_proj.weight").T for n in "qkv"], axis=1)
+            wqkv = np.concatenate([get(a + n + "_proj.weight") for n in "qkv"], axis=0)
             bqkv = (np.concatenate([get(a + n + "_proj.bias") for n in "qkv"])
                     if c.attention_bias else None)
             bo = a + "o_proj.bias"
             layers.append({
                 "attn_norm_w": put(get(b + "input_layernorm.weight")), "attn_norm_b": None,
-                "wqkv": put(wqkv), "bqkv": None if bqkv is None else put(bqkv),
-                "wo": put(get(a + "o_proj.weight").T),
+                "wqkv": lin(wqkv), "bqkv": None if bqkv is None else put(bqkv),
+                "wo": lin(get(a + "o_proj.weight")),
                 "bo": put(get(bo)) if c.attention_bias and c.family == "llama" else None,
                 "mlp_norm_w": put(get(b + "post_attention_layernorm.weight")), "mlp_norm_b": None,
-                "w_gate": put(get(b + "mlp.gate_proj.weight").T),
-                "w_up": put(get(b + "mlp.up_proj.weight").T), "b_up": None,
-                "w_down": put(get(b + "mlp.down_proj.weight").T), "b_down": None,
+                "w_gate": lin(get(b + "mlp.gate_proj.weight")),
+                "w_up": lin(get(b + "mlp.up_proj.weight")), "b_up": None,
+                "w_down": lin(get(b + "mlp.down_proj.weight")), "b_down": None,
             })
         top = {"embed": put(get("model.embed_tokens.weight")), "pos_embed": None,
                "norm_w": put(get("model.norm.weight")), "norm_b": None}
-    # a tied head is a transposed view of the embedding (no copy; BLAS reads it transposed)
-    top["lm_head"] = top["embed"].T if c.tie_word_embeddings else put(get("lm_head.weight").T)
+    # a tied head is a transposed view of the embedding (no copy)
+    top["lm_head"] = top["embed"].T if c.tie_word_embeddings else lin(get("lm_head.weight"))
     top["layers"] = layers
     return top
 

@@ -3,8 +3,9 @@
 One decoder-only block serves every family: pre-norm attention and MLP sublayers on a residual
 stream. Llama, Qwen2 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU MLP;
 GPT-2 uses LayerNorm, learned position embeddings and a GELU MLP. Weights arrive as plain dicts
-already mapped from the checkpoint (minispec/loader.py), linear weights stored [in, out] so every
-projection is `x @ w` (through backend.matmul, the one place a CPU speed trick lives).
+already mapped from the checkpoint (minispec/loader.py), linear weights given as [in, out] so every
+projection is `x @ w` (through backend.matmul, the one place a CPU speed trick lives: on the CPU a
+few rows go through a kernel that reads each weight once for all of them).
 
 Shapes, one notation throughout:
   T new tokens, S cached+new positions, S_max cache capacity, D model width, H query heads,
@@ -58,7 +59,7 @@ def norm(x, w, b, eps: float):
 
 def linear(x, w, b=None):
     """x @ w (+ b); w is stored [in, out] (or is a transposed view: a tied LM head)."""
-    y = matmul(x, w)  # [T, in] -> [T, out]; backend.matmul is `x @ w`, tuned for few CPU rows
+    y = matmul(x, w)  # [T, in] -> [T, out]; backend.matmul is `x @ w`, fast for a few CPU rows
     return y if b is None else y + b
 
 

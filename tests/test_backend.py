@@ -1,50 +1,143 @@
 """minispec/backend.py: the one CPU speed path of the math (backend.matmul, few_rows_matmul)
-against a plain `x @ w`, at the shipped target's shapes, where its blocking branches are taken."""
+against NumPy's `x @ w`, at every weight shape of the shipped models and of SmolLM2-135M, 1..32
+rows; and the fallback to `x @ w` when the kernel is off or numba is missing."""
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from minispec.backend import SMALL_GEMM, few_rows_matmul, matmul
+from minispec.backend import KERNEL_MAX_ROWS, few_rows_matmul, kernel_available, matmul, use_kernel
+from minispec.errors import MinispecError
+from minispec.loader import load
+from minispec.shipped import SHIPPED
 
-D, F, V = 512, 1376, 4096  # weights/target: width, MLP width, vocabulary (tied LM head)
+needs_numba = pytest.mark.skipif(not kernel_available(), reason="numba is not installed")
+
+# [D_in, D_out] of every weight product: the shipped target (D 512, 8/2 heads of 64, F 1376,
+# V 4096), the draft (D 192, 3/1 heads, F 512), the Medusa heads (512 -> 512, as wo) and the
+# EAGLE head's fc (1024 -> 512); SmolLM2-135M (D 576, 9/3 heads of 64, F 1536) but its head
+SHAPES = {
+    "target qkv": (512, 768), "target wo": (512, 512), "target up": (512, 1376),
+    "target down": (1376, 512), "target head": (512, 4096),
+    "draft qkv": (192, 320), "draft wo": (192, 192), "draft up": (192, 512),
+    "draft down": (512, 192), "draft head": (192, 4096), "eagle fc": (1024, 512),
+    "smollm2 qkv": (576, 960), "smollm2 wo": (576, 576), "smollm2 up": (576, 1536),
+    "smollm2 down": (1536, 576), "odd": (37, 13),
+}
+SMOLLM2_HEAD = (576, 49152)  # 113 MB: a few rows only, to stay fast
 RNG = np.random.default_rng(0)
-W_UP = (RNG.standard_normal((D, F)) / np.sqrt(D)).astype(np.float32)  # [D, F], C-contiguous
-W_DOWN = (RNG.standard_normal((F, D)) / np.sqrt(F)).astype(np.float32)  # [F, D]
-EMBED = RNG.standard_normal((V, D), dtype=np.float32)
-LM_HEAD = EMBED.T  # [D, V]: a transposed view, as a tied head is
 
 
-@pytest.mark.parametrize("t", range(2, 17))
-@pytest.mark.parametrize("name, w", [("up", W_UP), ("down", W_DOWN), ("tied head", LM_HEAD)])
-def test_few_rows_equal_a_plain_matmul(t, name, w):
-    x = RNG.standard_normal((t, w.shape[0]), dtype=np.float32)
-    expected = x.astype(np.float64) @ w.astype(np.float64)
-    got = few_rows_matmul(x, w)
-    assert got.shape == (t, w.shape[1]) and got.dtype == np.float32
-    # float32 sums in another order: the error is round-off, far below one unit of the result
-    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-4 * np.abs(expected).max())
-    np.testing.assert_allclose(got, x @ w, rtol=0, atol=2e-4 * np.abs(expected).max())
+def weight(d_in: int, d_out: int) -> np.ndarray:
+    """A random w [D_in, D_out] stored as loader.py stores it: a view of [D_out, D_in]."""
+    return RNG.standard_normal((d_out, d_in), dtype=np.float32).T / np.float32(np.sqrt(d_in))
 
 
-def test_the_blocks_really_are_taken_at_these_shapes():
-    # the premise of the tests above: at D = 512 the input-slice branch splits w into slices
-    # (k * t * F > SMALL_GEMM for the largest k), and the tied head is a transposed view
-    assert 64 * 16 * F > SMALL_GEMM
-    assert LM_HEAD.flags.f_contiguous and not LM_HEAD.flags.c_contiguous
+def reference(x, w):
+    """The exact product (float64) and the scale of its round-off, sum_i |x_i w_i|."""
+    w64 = w.astype(np.float64)
+    return x.astype(np.float64) @ w64, np.abs(x).astype(np.float64) @ np.abs(w64)
 
 
-@pytest.mark.parametrize("t", [17, 40])
-def test_many_rows_through_a_transposed_head_equal_a_plain_matmul(t):
-    x = RNG.standard_normal((t, D), dtype=np.float32)
-    expected = x.astype(np.float64) @ LM_HEAD.astype(np.float64)
-    np.testing.assert_allclose(matmul(x, LM_HEAD), expected, rtol=0,
-                               atol=2e-4 * np.abs(expected).max())
+def assert_close(got, exact, scale):
+    # float32 sums in another order: each output within 2e-5 of sum |x_i w_i| of the exact one
+    assert got.shape == exact.shape and got.dtype == np.float32
+    assert np.all(np.abs(got - exact) <= 2e-5 * scale)
 
 
-def test_matmul_routes_only_few_float32_rows():
-    w = W_UP[:, :64]
-    for t, dtype in [(1, np.float32), (17, np.float32), (4, np.float64), (4, np.float16)]:
-        x = RNG.standard_normal((t, D)).astype(dtype)
-        np.testing.assert_array_equal(matmul(x, w.astype(dtype)), x @ w.astype(dtype))
-    x = RNG.standard_normal((5, D), dtype=np.float32)
-    np.testing.assert_allclose(matmul(x, w), x @ w, rtol=1e-5, atol=1e-5)
+@needs_numba
+@pytest.mark.parametrize("name", SHAPES)
+def test_few_rows_equal_numpy_at_every_shape(name):
+    w = weight(*SHAPES[name])
+    x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
+    exact, scale = reference(x, w)  # row by row: rows :t of it are those of x[:t]
+    for t in range(1, KERNEL_MAX_ROWS + 1):
+        assert_close(matmul(x[:t], w), exact[:t], scale[:t])
+    assert_close(x @ w, exact, scale)  # NumPy itself meets the same bound
+
+
+@needs_numba
+def test_a_row_does_not_depend_on_the_rows_beside_it():
+    # 2..32 rows: every row goes through the same loop, so a verify call's products equal, bit
+    # for bit, the same rows sent alone or in another group; one row has its own loop (close)
+    w = weight(512, 1376)
+    x = RNG.standard_normal((9, 512), dtype=np.float32)
+    y = matmul(x, w)
+    np.testing.assert_array_equal(y[3:5], matmul(x[3:5], w))
+    np.testing.assert_array_equal(y[:8], matmul(x[:8], w))
+    np.testing.assert_array_equal(y[[4, 4]], matmul(x[[4, 4]], w))
+    np.testing.assert_allclose(y[4:5], matmul(x[4:5], w), rtol=1e-5, atol=1e-6)
+
+
+@needs_numba
+def test_the_big_lm_head_with_a_few_rows():
+    w = weight(*SMOLLM2_HEAD)
+    x = RNG.standard_normal((5, w.shape[0]), dtype=np.float32)
+    exact, scale = reference(x, w)
+    for t in (1, 2, 5):
+        assert_close(matmul(x[:t], w), exact[:t], scale[:t])
+
+
+def test_products_outside_the_kernel_are_numpys():
+    # more than 32 rows, other dtypes, a weight stored [in, out]: exactly `x @ w`
+    w = weight(192, 320)
+    x = RNG.standard_normal((40, 192), dtype=np.float32)
+    np.testing.assert_array_equal(matmul(x, w), x @ w)
+    c = np.ascontiguousarray(w)
+    np.testing.assert_array_equal(matmul(x[:5], c), x[:5] @ c)
+    for dtype in (np.float64, np.float16):
+        np.testing.assert_array_equal(matmul(x[:5].astype(dtype), w.astype(dtype)),
+                                      x[:5].astype(dtype) @ w.astype(dtype))
+
+
+def test_use_kernel_off_is_numpys_product():
+    w = weight(512, 768)
+    x = RNG.standard_normal((5, 512), dtype=np.float32)
+    with use_kernel(False) as on:
+        assert on is False
+        np.testing.assert_array_equal(matmul(x, w), x @ w)
+    with use_kernel(True) as on:
+        assert on is kernel_available()
+
+
+@needs_numba
+def test_few_rows_matmul_says_what_it_expected():
+    x = RNG.standard_normal((2, 8), dtype=np.float32)
+    with pytest.raises(MinispecError, match=r"stored \[D_out, D_in\]"):
+        few_rows_matmul(x, np.ones((8, 4), np.float32))  # C-contiguous [in, out]
+    with pytest.raises(MinispecError, match="float32"):
+        few_rows_matmul(x.astype(np.float64), np.ones((4, 8)).T)
+
+
+def test_the_shipped_weights_are_stored_one_output_per_row():
+    model = load(SHIPPED / "target", device="cpu")
+    layer = model.weights["layers"][0]
+    for name in ("wqkv", "wo", "w_gate", "w_up", "w_down"):
+        assert layer[name].T.flags.c_contiguous, name
+    assert model.weights["lm_head"].T.flags.c_contiguous
+
+
+def test_without_numba_the_model_runs_on_numpy():
+    # numba made unimportable in a fresh interpreter: matmul falls back to `x @ w`, the shipped
+    # target decodes the same greedy tokens, and few_rows_matmul says what it needs
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import numpy as np\n"
+        "from minispec.backend import kernel_available, few_rows_matmul\n"
+        "from minispec.errors import MinispecError\n"
+        "from minispec.loader import load\n"
+        "from minispec.shipped import SHIPPED\n"
+        "assert not kernel_available()\n"
+        "try:\n    few_rows_matmul(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32).T)\n"
+        "except MinispecError as e:\n    assert 'numba' in str(e)\nelse:\n    raise SystemExit(1)\n"
+        "m = load(SHIPPED / 'target', device='cpu')\n"
+        "c = m.new_cache(64)\n"
+        "print(m.forward([1, 2, 3, 4, 5], c).argmax(axis=-1).tolist())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    model = load(SHIPPED / "target", device="cpu")
+    cache = model.new_cache(64)
+    assert out.strip() == str(model.forward([1, 2, 3, 4, 5], cache).argmax(axis=-1).tolist())

@@ -92,3 +92,17 @@ def test_bench_against_transformers(pair, capsys):
     hf = r["costs"]["hf"]
     assert list(hf["verify_cost"]) == [str(k) for k in range(1, 10)]
     assert hf["c"] == pytest.approx(hf["draft_step_s"] / hf["target_step_s"])
+
+
+def test_bench_times_both_products_and_draws_them(pair, capsys, tmp_path):
+    # the target's k-token calls, k = 1..16, with the kernel and with NumPy's BLAS, and the PNG
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    png = tmp_path / "verify_cost.png"
+    r = json.loads(run_bench(pair, capsys, "--json", "--hf", "off", "--plot", str(png)))
+    calls = r["costs"]["target_call_s"]
+    expected = {"minispec", "minispec, NumPy BLAS"} if bench.kernel_available() else {"minispec"}
+    assert set(calls) == expected
+    assert all(list(c) == [str(k) for k in range(1, 17)] for c in calls.values())
+    ratio = calls["minispec"]["5"] / calls["minispec"]["1"]
+    assert r["aims"]["target call t(5)/t(1) <= 1.25"]["value"] == pytest.approx(ratio)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
