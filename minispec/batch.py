@@ -138,10 +138,10 @@ class LoadAwareGamma:
         self.gamma = max(range(self.max_gamma + 1), key=lambda g: self.rate(g, B))
         return self.gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted:
+    def update(self, depth: int, accepted: int) -> None:
+        if depth:
             self.accepted += accepted
-            self.tested += accepted + (accepted < drafted)
+            self.tested += accepted + (accepted < depth)
 
 
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
@@ -303,7 +303,7 @@ class BatchDecoder:
             r.draft_seconds = t1 - t0  # the batch's time: every sequence waited for all of it
             r.verify_seconds = time.perf_counter() - t1
             s.stats.add(r)
-            (self.load_aware or s.policy).update(len(r.drafted), r.accepted)
+            (self.load_aware or s.policy).update(r.depth, r.accepted)
             if r.stopped or s.left <= 0:
                 done.append((s.slot, self._result(s)))
         finished = {slot for slot, _ in done}
@@ -326,7 +326,7 @@ class BatchDecoder:
             self.drafting.accept(s.slot, s.context, hidden[: kept - pos])
         return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
                      kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
-                     gamma=gamma, stopped=stop is not None)
+                     gamma=gamma, depth=len(drafts), stopped=stop is not None)
 
     def _result(self, s: _Sequence) -> GenerationResult:
         s.stats.draft_calls = self.drafting.calls(s.slot)

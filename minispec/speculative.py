@@ -89,7 +89,7 @@ class FixedGamma:
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, depth: int, accepted: int) -> None:
         """A fixed gamma learns nothing from a round."""
 
 
@@ -97,16 +97,17 @@ AUTO_GAMMA_START = 5  # Hugging Face's num_assistant_tokens default for its "heu
 AUTO_GAMMA_MAX = 16  # our cap (HF has none): a long run of full acceptances stops here
 
 
-def next_gamma(gamma: int, drafted: int, accepted: int) -> int:
-    """gamma="auto": the next round's gamma after a round that drafted and accepted so many.
+def next_gamma(gamma: int, depth: int, accepted: int) -> int:
+    """gamma="auto": the next round's gamma after a round that drafted `depth` positions (a
+    chain's length, a tree's depth) and kept `accepted` of them.
 
     Hugging Face's "heuristic" schedule for num_assistant_tokens: start at AUTO_GAMMA_START; +2
     after a round whose drafts were all accepted, -1 after a rejection; here also kept within
     1..AUTO_GAMMA_MAX, and a round with no drafts (nothing to learn from) changes nothing.
     """
-    if drafted == 0:
+    if depth == 0:
         return gamma
-    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == drafted else max(gamma - 1, 1)
+    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == depth else max(gamma - 1, 1)
 
 
 class AutoGamma:
@@ -117,13 +118,14 @@ class AutoGamma:
     def __init__(self) -> None:
         self.gamma = AUTO_GAMMA_START
 
-    def update(self, drafted: int, accepted: int) -> None:
-        self.gamma = next_gamma(self.gamma, drafted, accepted)
+    def update(self, depth: int, accepted: int) -> None:
+        self.gamma = next_gamma(self.gamma, depth, accepted)
 
 
 def gamma_policy(gamma, *, least: int = 1):
     """gamma as the loop uses it: an integer >= least -> FixedGamma, "auto" -> AutoGamma, or
-    any object with .gamma and .update(drafted, accepted) (a policy of your own)."""
+    any object with .gamma and .update(depth, accepted) (a policy of your own): after each
+    round, the positions it drafted (Round.depth) and kept (Round.accepted)."""
     if isinstance(gamma, str) and gamma == "auto":
         return AutoGamma()
     if hasattr(gamma, "gamma") and hasattr(gamma, "update"):
@@ -141,11 +143,12 @@ class Round:
     """One target call, for traces: what was drafted, what the target kept and added."""
 
     drafted: list[int]  # the draft tokens proposed this round (empty for autoregressive decoding)
-    accepted: int  # how many of them verify() accepted (a prefix)
+    accepted: int  # the positions kept: the accepted prefix of a chain, the accepted path of a tree
     token: int  # the target's own token: the correction, or the bonus if all were accepted
     kind: str  # "correction" | "bonus" ("bonus" too when nothing was drafted)
     emitted: list[int]  # added to the output: drafted[:accepted] + [token], cut after an EOS
-    gamma: int = 0  # the drafts asked for this round (the drafter may propose fewer)
+    gamma: int = 0  # the depth asked for this round (the drafter may propose less)
+    depth: int = 0  # the positions drafted: len(drafted) for a chain, a tree's deepest path
     stopped: bool = False  # an EOS was emitted
     # timings, left out of comparisons: two runs with one seed have equal rounds
     draft_seconds: float = field(default=0.0, compare=False)  # in drafter.propose
@@ -159,8 +162,9 @@ class Stats:
     drafter: str  # the drafter's name ("model", ...), "none" for autoregressive decoding
     gamma: int | str  # the requested drafts per round, "auto", or 0 for autoregressive decoding
     new_tokens: int = 0
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted by verify() (before any cut at EOS)
+    drafted: int = 0  # draft tokens proposed (every node of a tree)
+    positions: int = 0  # positions drafted: the rounds' depths (= drafted when drafts are chains)
+    accepted: int = 0  # positions kept by verification (before any cut at EOS)
     target_calls: int = 0  # target forward calls = rounds (the first one also reads the prompt)
     draft_calls: int = 0  # drafter forward calls (0 for a drafter without a model)
     draft_seconds: float = 0.0  # in drafter.propose
@@ -172,6 +176,7 @@ class Stats:
         self.rounds.append(r)
         self.new_tokens += len(r.emitted)
         self.drafted += len(r.drafted)
+        self.positions += r.depth
         self.accepted += r.accepted
         self.target_calls += 1
         self.draft_seconds += r.draft_seconds
@@ -179,8 +184,9 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        """accepted / drafted (0.0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """accepted / positions: the share of drafted positions the target kept, for chains and
+        trees alike (0.0 when nothing was drafted)."""
+        return self.accepted / self.positions if self.positions else 0.0
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -254,8 +260,8 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
         drafter.accept(context, hidden[: kept - pos])
     return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
                  kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
-                 gamma=gamma, draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
-                 stopped=stop is not None)
+                 gamma=gamma, depth=len(drafts), draft_seconds=t1 - t0,
+                 verify_seconds=time.perf_counter() - t1, stopped=stop is not None)
 
 
 def check_draft(draft, gamma: int, drafter) -> Draft:
@@ -320,7 +326,7 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
 
     drafter: a Drafter made for `target` (a Model is wrapped in a ModelDrafter); NoDrafter(target)
     decodes autoregressively. gamma: drafts per round (an integer >= 0, "auto", or a policy
-    object with .gamma and .update(drafted, accepted)). verify: the speculative step.
+    object with .gamma and .update(depth, accepted)). verify: the speculative step.
     on_round: called with each Round as it is done (to show tokens as they come).
     """
     drafter = as_drafter(target, drafter)
@@ -356,7 +362,7 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
             r = speculative_round(drafter, context, cache, g, warp, verify, rng,
                                   request.eos_token_ids)
         stats.add(r)
-        policy.update(len(r.drafted), r.accepted)
+        policy.update(r.depth, r.accepted)  # positions, not nodes: a tree's depth is its gamma
         if on_round is not None:
             on_round(r)
         if r.stopped:
@@ -400,7 +406,7 @@ def tree_round(drafter, context: list[int], cache, gamma: int, warp, rng, eos):
     leaf = not children_of(draft.parents)[path[-1] if path else -1]
     return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
                  kind="bonus" if leaf else "correction", emitted=out, gamma=gamma,
-                 draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
+                 depth=int(depths(draft.parents).max(initial=-1)) + 1, draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
                  stopped=stop is not None)
 
 

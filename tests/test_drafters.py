@@ -360,8 +360,8 @@ def test_next_gamma_follows_the_schedule_within_its_bounds():
     assert next_gamma(AUTO_GAMMA_MAX, 16, 16) == AUTO_GAMMA_MAX
     assert next_gamma(6, 0, 0) == 6  # nothing drafted: nothing learned
     g = AUTO_GAMMA_START
-    for drafted, accepted in [(1, 1)] * 20 + [(1, 0)] * 30:
-        g = next_gamma(g, drafted, accepted)
+    for depth, accepted in [(1, 1)] * 20 + [(1, 0)] * 30:
+        g = next_gamma(g, depth, accepted)
         assert 1 <= g <= AUTO_GAMMA_MAX
 
 

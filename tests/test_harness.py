@@ -46,8 +46,8 @@ def test_theory_rejects_bad_arguments(alpha, gamma, c):
 
 
 def result(*rounds):
-    """A stand-in GenerationResult with rounds of (drafted, accepted)."""
-    rs = [SimpleNamespace(drafted=[0] * d, accepted=a) for d, a in rounds]
+    """A stand-in GenerationResult with chain rounds of (drafted, accepted)."""
+    rs = [SimpleNamespace(drafted=[0] * d, depth=d, accepted=a) for d, a in rounds]
     return SimpleNamespace(stats=SimpleNamespace(rounds=rs))
 
 

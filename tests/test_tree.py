@@ -175,3 +175,21 @@ def test_batches_refuse_tree_drafters_by_name():
     with pytest.raises(MinispecError, match="model-tree"):
         minispec.generate_batch(target, TreeModelDrafter(target, target), [[3, 4]],
                                 max_new_tokens=4, temperature=0.0)
+
+
+def test_auto_gamma_with_a_tree_sees_depths_not_node_counts():
+    # a self-draft agrees with the target everywhere: every round keeps its whole path, so
+    # gamma="auto" must never shrink the depth (it did when nodes were counted against the
+    # kept path: a 2,2,1,1 tree of 12 nodes "rejected" 8 of them and fell to depth 1)
+    target = random_model(tiny_config(), seed=0, scale=0.5)
+    drafter = TreeModelDrafter(target, target, (2, 2, 1, 1))
+    prompt = [3, 17, 5]
+    out = minispec.speculative_generate(target, drafter, prompt, gamma="auto",
+                                        max_new_tokens=41, temperature=0.0)
+    base = minispec.autoregressive_generate(target, prompt, max_new_tokens=41, temperature=0.0)
+    assert out.tokens == base.tokens
+    assert out.stats.tokens_per_target_call > 4.0
+    rounds = [r for r in out.stats.rounds if r.drafted]
+    assert [r.depth for r in rounds[:-1]] == [4] * (len(rounds) - 1)
+    assert all(r.accepted == r.depth for r in rounds)
+    assert out.stats.acceptance_rate == 1.0  # kept positions / drafted positions, as for a chain

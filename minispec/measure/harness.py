@@ -84,10 +84,10 @@ def _check_alpha_gamma(alpha: float, gamma: float) -> None:
 def per_token_alpha(results) -> float:
     """alpha = accepted / (accepted + rejections) over every round of `results`
     (GenerationResults); 1.0 when drafts were made and none rejected, 0.0 when nothing was
-    drafted. A rejection is a round that drafted and accepted fewer than it drafted."""
+    drafted. A rejection is a round that kept fewer positions than it drafted (its depth)."""
     rounds = [r for res in results for r in res.stats.rounds if r.drafted]
     accepted = sum(r.accepted for r in rounds)
-    rejections = sum(r.accepted < len(r.drafted) for r in rounds)
+    rejections = sum(r.accepted < r.depth for r in rounds)
     return accepted / (accepted + rejections) if rounds else 0.0
 
 
@@ -407,11 +407,11 @@ def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
 def sum_stats(results) -> dict:
     """Counters summed over GenerationResults, with alpha (per_token_alpha) and the counts it
     comes from."""
-    keys = ("new_tokens", "drafted", "accepted", "target_calls", "draft_calls", "draft_seconds",
+    keys = ("new_tokens", "drafted", "positions", "accepted", "target_calls", "draft_calls", "draft_seconds",
             "verify_seconds", "total_seconds")
     total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
     total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
-                              if rd.drafted and rd.accepted < len(rd.drafted))
+                              if rd.drafted and rd.accepted < rd.depth)
     total["rounds_with_drafts"] = sum(1 for r in results for rd in r.stats.rounds if rd.drafted)
     total["alpha"] = per_token_alpha(results)
     return total
