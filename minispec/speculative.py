@@ -406,8 +406,8 @@ def tree_round(drafter, context: list[int], cache, gamma: int, warp, rng, eos):
     leaf = not children_of(draft.parents)[path[-1] if path else -1]
     return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
                  kind="bonus" if leaf else "correction", emitted=out, gamma=gamma,
-                 depth=int(depths(draft.parents).max(initial=-1)) + 1, draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
-                 stopped=stop is not None)
+                 depth=int(depths(draft.parents).max(initial=-1)) + 1, draft_seconds=t1 - t0,
+                 verify_seconds=time.perf_counter() - t1, stopped=stop is not None)
 
 
 def as_drafter(target, drafter) -> Drafter:

@@ -407,8 +407,8 @@ def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
 def sum_stats(results) -> dict:
     """Counters summed over GenerationResults, with alpha (per_token_alpha) and the counts it
     comes from."""
-    keys = ("new_tokens", "drafted", "positions", "accepted", "target_calls", "draft_calls", "draft_seconds",
-            "verify_seconds", "total_seconds")
+    keys = ("new_tokens", "drafted", "positions", "accepted", "target_calls", "draft_calls",
+            "draft_seconds", "verify_seconds", "total_seconds")
     total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
     total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
                               if rd.drafted and rd.accepted < rd.depth)
