@@ -629,21 +629,16 @@ BATCH_BUGS = {"batch rows": "each sequence of a batch verified against the next 
 
 def misaligned_drafter(target, model):
     """A broken batch (a control): the model drafter whose batched verify call hands sequence b
-    the logits of sequence b+1 wherever their shapes agree, as an off-by-one split would."""
+    the hidden states of sequence b+1 wherever their shapes agree, as an off-by-one split would."""
     from minispec.drafters import ModelDrafter
-    from minispec.drafters.model import BatchModelDrafting
 
-    class Misaligned(BatchModelDrafting):
-        def verify_forward(self, slots, tokens, caches, n_logits):
-            logits, hidden = super().verify_forward(slots, tokens, caches, n_logits)
-            shifted = logits[1:] + logits[:1]
-            return [s if s.shape == z.shape else z for s, z in zip(shifted, logits)], hidden
+    class Misaligned(ModelDrafter):
+        def verify_forward_batch(self, drafters, prefixes, drafts, caches):
+            hs = super().verify_forward_batch(drafters, prefixes, drafts, caches)
+            shifted = hs[1:] + hs[:1]
+            return [s if s.shape == h.shape else h for s, h in zip(shifted, hs)]
 
-    class Drafter(ModelDrafter):
-        def for_batch(self):
-            return Misaligned(self)
-
-    return Drafter(target, model)
+    return Misaligned(target, model)
 
 
 def part2_batch(seed: int, quick: bool, n: int) -> tuple[list[Row], list[Row]]:
@@ -941,38 +936,39 @@ def call_generator(generate, prompt, cfg: E2E, n: int, seed: int, label: str
 
 def broken_generator(bug: str):
     """minispec's speculative pipeline (the model drafter, gamma 3) with one planted bug."""
-    from minispec import Draft, ModelDrafter, load, speculative_generate
+    from minispec import Draft, Drafter, load, speculative_generate
     from minispec import verify as minispec_verify
     from minispec.sampling import Sampling
 
-    class Broken(ModelDrafter):
+    class Broken(Drafter):
+        """A model drafter written out with no cache (every draft a full recompute), with the
+        bug planted where it lives in a real pipeline."""
+
+        name = "broken"
+
         def __init__(self, target, model, sampling):
-            super().__init__(target, model)
-            self.sampling, self.states = sampling, []
+            super().__init__(target)
+            self.model, self.sampling, self.states = model, sampling, []
 
         def propose(self, context, gamma, warp, rng):
-            gamma, tokens = self.prepare(context, gamma)
-            if gamma == 0:
-                return self.empty_draft()
-            drafts, q = np.empty(gamma, dtype=np.int64), np.empty((gamma, self.vocab_size))
             self.states = [rng.bit_generator.state]
             no_top_k = Sampling(self.sampling.temperature, 0, self.sampling.top_p)
-            for i in range(gamma):
-                z = self.model.forward(tokens, self.cache)[-1]
-                self.calls += 1
-                q[i] = warp(z)
-                drafts[i] = np.argmax(q[i]) if bug == "greedy draft" else sample(q[i], rng)
-                if bug == "q without top-k":
-                    q[i] = no_top_k.warp(z)
-                tokens = [int(drafts[i])]
-            self.drafted(context, drafts)
-            return Draft(drafts, q)
+            ctx, tokens, q = list(context), [], []
+            for _ in range(gamma):
+                z = self.model.logits(ctx)[-1]  # [V]
+                row = warp(z)
+                x = int(np.argmax(row)) if bug == "greedy draft" else sample(row, rng)
+                q.append(no_top_k.warp(z) if bug == "q without top-k" else row)
+                tokens.append(x)
+                ctx.append(x)
+            return Draft(np.array(tokens, dtype=np.int64),
+                         np.array(q, dtype=np.float64).reshape(len(tokens), self.vocab_size))
 
-        def verify_forward(self, tokens, cache, n_logits):
+        def verify_forward(self, prefix, draft, cache):
             if bug != "cache one short" or cache.length == 0:
-                return super().verify_forward(tokens, cache, n_logits)
+                return super().verify_forward(prefix, draft, cache)
             cache.length -= 1  # the bug: the last position forgotten, the tokens fed one early
-            out = super().verify_forward(tokens, cache, n_logits)
+            out = super().verify_forward(prefix, draft, cache)
             cache.length += 1
             return out
 

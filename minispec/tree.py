@@ -163,9 +163,10 @@ def keep_path(cache, path: list[int]) -> None:
     """Keep the accepted nodes' keys and values (path: node indices, root to leaf), moved to
     consecutive positions right after the context; forget every other node."""
     L = cache.length
-    if path:
-        src = L + np.asarray(path)
-        dst = L + np.arange(len(path))
+    moved = [i for i, node in enumerate(path) if node != i]  # a chain's path stays in place
+    if moved:
+        src = L + np.asarray(path)[moved]
+        dst = L + np.asarray(moved)
         cache.k[:, :, dst] = cache.k[:, :, src]  # the right side is a copy: overlap is safe
         cache.v[:, :, dst] = cache.v[:, :, src]
     cache.length = L + len(path)

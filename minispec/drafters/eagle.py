@@ -90,7 +90,6 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
-        self.tree = self.shape is not None
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------
@@ -142,7 +141,7 @@ class EagleDrafter(Drafter):
         if g is None:
             return self.empty_draft()
         self.calls += 1
-        if self.tree:
+        if self.shape is not None:
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         for i in range(gamma):

@@ -45,7 +45,6 @@ class MedusaDrafter(Drafter):
     """
 
     name = "medusa"
-    tree = True
 
     def __init__(self, target, heads, shape=None) -> None:
         super().__init__(target)

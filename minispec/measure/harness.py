@@ -35,21 +35,10 @@ import numpy as np
 
 from ..backend import get_blas_threads, set_blas_threads
 from ..errors import MinispecError
+from ..speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
-
-
-def expected_tokens_per_call(alpha: float, gamma: int) -> float:
-    """Expected tokens one round emits: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1).
-
-    alpha: expected acceptance rate of a draft token; gamma: drafts per round. alpha = 1 gives
-    the limit gamma + 1 (every draft accepted, plus the bonus token).
-    """
-    _check_alpha_gamma(alpha, gamma)
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -71,14 +60,6 @@ def predicted_speedup_measured_verify(alpha: float, gamma: int, c: float, verify
     verify_ratio: t(gamma + 1 tokens in one target call) / t(1 token), from `verify_cost_curve`.
     """
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
-
-
-def _check_alpha_gamma(alpha: float, gamma: float) -> None:
-    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
-    if not 0.0 <= alpha <= 1.0:
-        raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
-        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
 
 
 def per_token_alpha(results) -> float:
