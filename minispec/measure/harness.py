@@ -242,34 +242,37 @@ def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64
     return {k: times[k] / times[1] for k in ks}
 
 
-class EarlyExitStep:
-    """The early-exit drafter's step as a model for the timing functions: the target's first
-    k layers, then its final norm and head, on a cache of the target's shape."""
+class FirstLayers:
+    """A model's first `layers` layers, then its final norm and head, as a model for the timing
+    functions (the early-exit drafter's step: Drafter.draft_step says which model and layers)."""
 
-    def __init__(self, target, k: int) -> None:
-        self.target, self.k = target, k
-        self.vocab_size, self.device, self.xp = target.vocab_size, target.device, target.xp
+    def __init__(self, model, layers: int) -> None:
+        self.model, self.layers = model, layers
+        self.vocab_size, self.device, self.xp = model.vocab_size, model.device, model.xp
 
     def new_cache(self, max_len: int | None = None):
-        return self.target.new_cache(max_len)
+        return self.model.new_cache(max_len)
 
     def forward(self, tokens, cache):
-        t, pos = self.target, cache.length
-        h = t.run_layers(t.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
+        m, pos = self.model, cache.length
+        h = m.run_layers(m.embed(tokens, pos), cache, pos, 0, self.layers)  # [T, D]
         cache.length = pos + h.shape[0]
-        return t.head(h[-1:])  # [1, V]: the row a draft is sampled from
+        return m.head(h[-1:])  # [1, V]: the row a draft is sampled from
 
 
-def draft_step_model(drafter: str, target, draft_model=None, exit_layer: int | None = None):
-    """What one draft step runs, as a model to time: the draft model, the early exit's layers,
-    or None for a drafter without a forward call (the n-gram lookup)."""
-    from ..drafters import default_exit_layer
+def draft_step_model(drafter, target=None, draft_model=None, exit_layer: int | None = None):
+    """What one draft step runs, as a model to time, asked of the drafter (a Drafter, or a
+    name for make_drafter with these arguments): a model, its first layers (FirstLayers), or
+    None for a drafter without a forward call (the n-gram lookup)."""
+    from ..drafters import Drafter, make_drafter
 
-    if drafter == "model":
-        return draft_model
-    if drafter == "early-exit":
-        return EarlyExitStep(target, exit_layer or default_exit_layer(target))
-    return None
+    if not isinstance(drafter, Drafter):
+        drafter = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
+    step = drafter.draft_step()
+    if step is None:
+        return None
+    model, layers = step
+    return model if layers is None else FirstLayers(model, layers)
 
 
 def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
