@@ -428,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import drafters
 
             return drafters.main(argv[1:])
+        if argv and argv[0] == "judge":
+            from .judge import main as judge_main
+
+            return judge_main(argv[1:])
         if argv and argv[0] in ("crossover", "serve"):
             from .measure import crossover
 
