@@ -40,15 +40,15 @@ class EarlyExitDrafter(Drafter):
             raise MinispecError(
                 f"exit_layer: expected an integer in 1..{L - 1} (target "
                 f"{target.name!r} has {L} layers), got {exit_layer!r}")
-        self.k = int(exit_layer)
-        self.cache = None  # the target's, from start
+        self.exit_layer = int(exit_layer)  # k: layers 0..k-1 draft
+        self.target_cache = None  # the target's KV cache, from start: drafting writes into it
         self._pos = 0  # first position drafting fed this round
         self._fed: list[int] = []  # the tokens it fed there, in order
         self._h: list = []  # their layer-k hidden states, one [T, D] piece per draft step
 
     def start(self, prompt_ids, cache) -> None:
         """New generation: draft in the target's cache `cache` from now on."""
-        self.cache, self.calls, self._pos, self._fed, self._h = cache, 0, 0, [], []
+        self.target_cache, self.calls, self._pos, self._fed, self._h = cache, 0, 0, [], []
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         """Sample gamma tokens from the early exit, one call of layers 0..k-1 each (see
@@ -59,12 +59,12 @@ class EarlyExitDrafter(Drafter):
         """Each sequence's chain of drafts, one call of layers 0..k-1 per step for every
         sequence still drafting (minispec/batched.py). The first call also feeds what a target
         cache lacks (the last context token; the prompt at first)."""
-        target, k = self.target, self.k
+        target, k = self.target, self.exit_layer
         feed, gs = [], []
         for d, c, g in zip(drafters, contexts, gammas):
-            d._pos, d._fed, d._h = d.cache.length, [], []  # the cache holds c[:pos], all layers
-            feed.append(list(c[d.cache.length:]))
-            gs.append(max(min(g, d.cache.max_len - len(c) + 1), 0))  # feeds < len + g - 1
+            d._pos, d._fed, d._h = d.target_cache.length, [], []  # the cache holds c[:pos], all layers
+            feed.append(list(c[d.target_cache.length:]))
+            gs.append(max(min(g, d.target_cache.max_len - len(c) + 1), 0))  # feeds < len + g - 1
         drafts = [np.empty(g, dtype=np.int64) for g in gs]
         qs = [np.empty((g, self.vocab_size)) for g in gs]
         for i in range(max(gs, default=0)):
@@ -72,7 +72,7 @@ class EarlyExitDrafter(Drafter):
             starts = [drafters[b]._pos + len(drafters[b]._fed) for b in live]
             sizes = [len(feed[b]) for b in live]
             h = batch_embed(target, [feed[b] for b in live], starts)  # [N, D]
-            h = self.run_layers(h, [drafters[b].cache for b in live], starts, sizes, 0,
+            h = self.run_layers(h, [drafters[b].target_cache for b in live], starts, sizes, 0,
                                 k)  # [N, D]: layer k's hidden states
             hs = split(h, sizes)
             logits = batch_head(target, hs, [1] * len(live))  # [1, V] each
@@ -96,7 +96,7 @@ class EarlyExitDrafter(Drafter):
         drafting fed: their keys and values are already in the cache and their layer-k hidden
         states were kept; anything else is computed here, every sequence in one call of layers
         0..k-1 and one of layers k..L-1, so the result is the target's whatever was drafted."""
-        target, k = self.target, self.k
+        target, k = self.target, self.exit_layer
         tokens = [[int(x) for x in p] + t.tokens.tolist() for p, t in zip(prefixes, drafts)]
         starts = [c.length for c in caches]
         reused = [d.reusable(ts, c) for d, ts, c in zip(drafters, tokens, caches)]
@@ -127,13 +127,13 @@ class EarlyExitDrafter(Drafter):
         """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when
         this round's drafting fed something else)."""
         n = len(self._fed)
-        if n and cache is self.cache and cache.length == self._pos and tokens[:n] == self._fed:
+        if n and cache is self.target_cache and cache.length == self._pos and tokens[:n] == self._fed:
             return self._h, n
         return [], 0
 
     def draft_step(self):
         """What one draft step runs, for timing: the target's first k layers and its head."""
-        return self.target, self.k
+        return self.target, self.exit_layer
 
 
 def default_exit_layer(target) -> int:
