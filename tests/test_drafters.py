@@ -242,7 +242,7 @@ class CheckedEarlyExit(EarlyExitDrafter):
         t = self.target
         for i in range(len(draft.tokens)):
             seq = list(context) + draft.tokens[:i].tolist()
-            h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.exit_layer)  # first k layers, no cache
+            h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.exit_layer)  # no cache
             np.testing.assert_allclose(draft.q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
         return draft
 

@@ -62,7 +62,7 @@ class EarlyExitDrafter(Drafter):
         target, k = self.target, self.exit_layer
         feed, gs = [], []
         for d, c, g in zip(drafters, contexts, gammas):
-            d._pos, d._fed, d._h = d.target_cache.length, [], []  # the cache holds c[:pos], all layers
+            d._pos, d._fed, d._h = d.target_cache.length, [], []  # it holds c[:pos], all layers
             feed.append(list(c[d.target_cache.length:]))
             gs.append(max(min(g, d.target_cache.max_len - len(c) + 1), 0))  # feeds < len + g - 1
         drafts = [np.empty(g, dtype=np.int64) for g in gs]
@@ -127,7 +127,8 @@ class EarlyExitDrafter(Drafter):
         """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when
         this round's drafting fed something else)."""
         n = len(self._fed)
-        if n and cache is self.target_cache and cache.length == self._pos and tokens[:n] == self._fed:
+        if (n and cache is self.target_cache and cache.length == self._pos
+                and tokens[:n] == self._fed):
             return self._h, n
         return [], 0
 
