@@ -304,10 +304,7 @@ def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path
     out = emitted if stop is None else emitted[: stop + 1]
     context += out
     if stop is None:  # 6. the drafter catches up, reading the hidden states of what was kept
-        chain = path == list(range(len(path)))
-        drafter.accept(context, hidden[: m + len(path)] if chain else
-                       hidden[drafter.target.xp.asarray(np.concatenate(
-                           [np.arange(m), m + np.asarray(path, dtype=np.int64)]))])
+        drafter.accept(context, kept_rows(hidden, m, path, drafter.target.xp))
     if draft.parents is None:
         depth, leaf = n, len(path) == n
     else:
@@ -316,6 +313,14 @@ def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path
     return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
                  kind="bonus" if leaf else "correction", emitted=out, depth=depth,
                  stopped=stop is not None)
+
+
+def kept_rows(hidden, m: int, path: list[int], xp):
+    """The rows of the verify call's hidden states [m + n, D] that were kept: the m context
+    rows, then the accepted path's nodes (for a chain, simply the first m + len(path) rows)."""
+    if path == list(range(len(path))):
+        return hidden[: m + len(path)]
+    return hidden[xp.asarray(np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)]))]
 
 
 def check_draft(draft, gamma: int, drafter, room: int | None = None) -> Draft:

@@ -386,11 +386,11 @@ def test_make_drafter_builds_each_drafter():
     ngram = make_drafter("ngram", TARGET)
     assert isinstance(ngram, NgramDrafter) and ngram.vocab_size == V
     ee = make_drafter("early-exit", TARGET)
-    assert isinstance(ee, EarlyExitDrafter) and ee.k == default_exit_layer(TARGET) == 1
-    assert make_drafter("early-exit", TARGET, exit_layer=3).k == 3
+    assert isinstance(ee, EarlyExitDrafter) and ee.exit_layer == default_exit_layer(TARGET) == 1
+    assert make_drafter("early-exit", TARGET, exit_layer=3).exit_layer == 3
     assert {d.name for d in (ngram, ee)} == {"ngram", "early-exit"}
     big = random_model(ModelConfig(**{**CONFIG, "n_layers": 12}), seed=0)
-    assert make_drafter("early-exit", big).k == 3
+    assert make_drafter("early-exit", big).exit_layer == 3
 
 
 def test_make_drafter_errors_name_what_is_wrong():
