@@ -185,10 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                     "600 quick, 1000 full for --generator; 800 quick, 2000 full for --drafter)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    if args.generator:
-        return judge_generator(args, t0)
-    if args.drafter:
-        return judge_drafter_run(args, t0)
+    for kind in OUTSIDE:
+        if getattr(args, kind):
+            return judge_outside(args, kind, t0)
     n_tokens = 5000 if args.quick else 20000  # part 1, per configuration and sampler
     n_e2e = 800 if args.quick else 2000  # part 2, per configuration and sampler
     n_shipped = 600  # part 3: a sample costs a few calls of the 5-layer target
@@ -230,28 +229,28 @@ def main(argv: list[str] | None = None) -> int:
     return report(rows, controls, notes, args.plot, t0)
 
 
-def judge_generator(args, t0: float) -> int:
-    """--generator: part G on the given pipeline, with the planted bugs as controls."""
-    factory = load_spec(args.generator, "--generator", "factory")
-    n = args.samples or (600 if args.quick else 1000)
-    print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
-          f"generator {args.generator}, {n} calls per configuration")
-    rows, controls = part_pipeline(factory, args.generator, args.quick, n, args.seed)
-    notes = ["part G: a random Llama over 16 tokens and two drafts written as Hugging Face "
-             "directories; the law of the next L tokens enumerated with the target alone"]
-    return report(rows, controls, notes, args.plot, t0)
+# --generator and --drafter: (the judging function, samples quick/full, what one is, a note)
+OUTSIDE = {
+    "generator": (part_pipeline, (600, 1000), "calls",
+                  "part G: a random Llama over 16 tokens and two drafts written as Hugging Face "
+                  "directories; the law of the next L tokens enumerated with the target alone"),
+    "drafter": (judge_drafter, (800, 2000), "samples",
+                "part D: a random Llama over 16 tokens as the target, the law of its next L "
+                "tokens enumerated with it alone; the drafter's own name labels its rows"),
+}
 
 
-def judge_drafter_run(args, t0: float) -> int:
-    """--drafter: part D, the drafter in generate and generate_batch."""
-    factory = load_spec(args.drafter, "--drafter", "factory")
-    n = args.samples or (800 if args.quick else 2000)
+def judge_outside(args, kind: str, t0: float) -> int:
+    """--generator (part G, the planted pipeline bugs as controls) or --drafter (part D, the
+    drafter in generate and generate_batch, a broken verify step as the controls)."""
+    spec = getattr(args, kind)
+    judge, sizes, unit, note = OUTSIDE[kind]
+    factory = load_spec(spec, f"--{kind}", "factory")
+    n = args.samples or (sizes[0] if args.quick else sizes[1])
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
-          f"drafter {args.drafter}, {n} samples per configuration")
-    rows, controls = judge_drafter(factory, args.drafter, args.quick, n, args.seed)
-    notes = ["part D: a random Llama over 16 tokens as the target, the law of its next L "
-             "tokens enumerated with it alone; the drafter's own name labels its rows"]
-    return report(rows, controls, notes, args.plot, t0)
+          f"{kind} {spec}, {n} {unit} per configuration")
+    rows, controls = judge(factory, spec, args.quick, n, args.seed)
+    return report(rows, controls, [note], args.plot, t0)
 
 
 def report(rows: list[Row], controls: list[Row], notes: list[str], plot_path: str | None,
