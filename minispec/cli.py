@@ -295,7 +295,7 @@ def format_stats(result, speculative: bool) -> str:
         return (f"autoregressive: {len(result.tokens)} tokens, {st.target_calls} target calls, "
                 f"{st.tokens_per_second:.1f} tok/s, stopped by {result.stop_reason}")
     return (f"speculative ({st.drafter} drafter): {len(result.tokens)} tokens, "
-            f"acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.drafted}), "
+            f"acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.positions}), "
             f"{st.tokens_per_target_call:.2f} tokens/target call, {st.target_calls} target calls, "
             f"{st.draft_calls} draft calls, drafting {st.draft_seconds:.2f}s, "
             f"verifying {st.verify_seconds:.2f}s, {st.tokens_per_second:.1f} tok/s, "
