@@ -35,22 +35,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batched import batch_hidden
-from .drafters import NoDrafter
+from .batched import batch_head, batch_hidden
+from .drafters import Drafter, NoDrafter
 from .errors import MinispecError
-from .measure.harness import expected_tokens_per_call
 from .model import Model
 from .sampling import Sampling
 from .speculative import (
     GenerationResult,
     Request,
-    Round,
     Stats,
     as_drafter,
     check_draft,
-    check_emitted,
     check_prompt,
+    expected_tokens_per_call,
+    finish_round,
+    gamma_label,
     gamma_policy,
+    generation_result,
+    make_warp,
+    new_target_cache,
+    settle,
 )
 from .verify import verify as minispec_verify
 
@@ -138,10 +142,10 @@ class LoadAwareGamma:
         self.gamma = max(range(self.max_gamma + 1), key=lambda g: self.rate(g, B))
         return self.gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted:
+    def update(self, depth: int, accepted: int) -> None:
+        if depth:
             self.accepted += accepted
-            self.tested += accepted + (accepted < drafted)
+            self.tested += accepted + (accepted < depth)
 
 
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
@@ -213,6 +217,7 @@ class _Sequence:
     eos: tuple[int, ...]
     rng: np.random.Generator
     cache: object
+    drafter: Drafter  # its own fork of the batch's drafter, started on its prompt
     policy: object  # its gamma policy (fixed or auto); unused when the batch is load-aware
     stats: Stats
     started: float = field(default_factory=time.perf_counter)
@@ -234,51 +239,41 @@ class BatchDecoder:
 
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=4,
                  verify=minispec_verify, costs: BatchCosts | None = None) -> None:
-        drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
-        if drafter.tree:
-            raise MinispecError(f"drafter {drafter.name!r} drafts trees; generate_batch drafts "
-                                "chains only (decode tree drafters one sequence at a time)")
+        self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
         self.target, self.sampling, self.verify = target, sampling, verify
-        self.drafting = drafter.for_batch()
         self.gamma = gamma
         self.load_aware = None
         if isinstance(gamma, str) and gamma == "load-aware":
             if costs is None:
-                draft = getattr(drafter, "model", None)
-                layers = getattr(drafter, "k", None)  # early exit drafts with k layers
-                costs = calibrate(target, target if layers else draft, draft_layers=layers)
+                # what one draft step runs, asked of the drafter: (model, layers) or None
+                model, layers = self.drafter.draft_step() or (None, None)
+                costs = calibrate(target, model, draft_layers=layers)
             self.load_aware = LoadAwareGamma(costs)
         else:
             gamma_policy(gamma, least=0)  # checked now, one policy per sequence at add()
         self.live: list[_Sequence] = []
         self._next = 0
-        V = self.drafting.vocab_size
-
-        def warp(logits):  # as in speculative.generate: the V ids generation samples from
-            probs = sampling.warp(logits[..., :V])
-            if probs.shape[-1] < V:
-                probs = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, V - probs.shape[-1])])
-            return probs
-
-        self.warp = warp
+        self.warp = make_warp(sampling, self.drafter.vocab_size)
 
     def add(self, prompt_ids, request: Request, rng: np.random.Generator | None = None) -> int:
         """A new sequence joins the batch; returns its slot number (its key in step's output)."""
         prompt, max_new = check_prompt(self.target, prompt_ids, request)
         slot, self._next = self._next, self._next + 1
         rng = np.random.default_rng(request.seed) if rng is None else rng
-        cache = self.target.new_cache(len(prompt) + max_new)
+        cache = new_target_cache(self.target, len(prompt), max_new)
         policy = None if self.load_aware else gamma_policy(self.gamma, least=0)
-        label = self.gamma if isinstance(self.gamma, (int, str)) else type(self.gamma).__name__
-        self.drafting.start(slot, list(prompt), cache)
+        drafter = self.drafter.fork()
+        drafter.start(list(prompt), cache)
+        stats = Stats(self.drafter.name, gamma_label(self.gamma, self.gamma))
         self.live.append(_Sequence(slot, prompt, list(prompt), max_new, request.eos_token_ids,
-                                   rng, cache, policy, Stats(self.drafting.name, label)))
+                                   rng, cache, drafter, policy, stats))
         return slot
 
     def step(self) -> list[tuple[int, GenerationResult]]:
-        """One round for every live sequence: draft, one target call, verify each sequence,
-        roll back each cache to its own accepted length. Returns (slot, result) of those that
-        stopped (EOS or their budget)."""
+        """One round for every live sequence: speculative_round's steps with the drafting and
+        the target call batched: draft for all, one target call for all, then each sequence
+        settles its own verify. Returns (slot, result) of those that stopped (EOS or their
+        budget)."""
         seqs = self.live
         if not seqs:
             return []
@@ -287,54 +282,32 @@ class BatchDecoder:
             gammas = [min(g, s.left - 1) for s in seqs]
         else:
             gammas = [min(s.policy.gamma, s.left - 1) for s in seqs]
-        slots = [s.slot for s in seqs]
+        drafters = [s.drafter for s in seqs]
         t0 = time.perf_counter()
-        drafts = self.drafting.propose(slots, [s.context for s in seqs], gammas, self.warp,
-                                       [s.rng for s in seqs])
-        drafts = [check_draft(d, g, self.drafting) for d, g in zip(drafts, gammas)]
+        drafts = self.drafter.propose_batch(drafters, [s.context for s in seqs], gammas,
+                                            self.warp, [s.rng for s in seqs])
+        drafts = [check_draft(d, g, self.drafter, room=s.cache.max_len - len(s.context))
+                  for d, g, s in zip(drafts, gammas, seqs)]
         t1 = time.perf_counter()
-        starts = [s.cache.length for s in seqs]
-        fed = [s.context[pos:] + d.tokens.tolist() for s, pos, d in zip(seqs, starts, drafts)]
-        logits, hidden = self.drafting.verify_forward(slots, fed, [s.cache for s in seqs],
-                                                      [len(d.tokens) + 1 for d in drafts])
+        hidden = self.drafter.verify_forward_batch(
+            drafters, [s.context[s.cache.length:] for s in seqs], drafts,
+            [s.cache for s in seqs])  # one target call for every sequence's chain
+        logits = batch_head(self.target, hidden, [len(d.tokens) + 1 for d in drafts])
         done = []
-        for s, g, d, pos, z, h in zip(seqs, gammas, drafts, starts, logits, hidden):
-            r = self._finish_round(s, g, d, pos, z, h)
+        for s, g, d, z, h in zip(seqs, gammas, drafts, logits, hidden):
+            path, token = settle(self.verify, self.warp(z), d, s.rng)
+            r = finish_round(s.drafter, s.context, s.cache, d, path, token, h, s.eos)
+            r.gamma = g
             r.draft_seconds = t1 - t0  # the batch's time: every sequence waited for all of it
             r.verify_seconds = time.perf_counter() - t1
             s.stats.add(r)
-            (self.load_aware or s.policy).update(len(r.drafted), r.accepted)
+            (self.load_aware or s.policy).update(r.depth, r.accepted)
             if r.stopped or s.left <= 0:
-                done.append((s.slot, self._result(s)))
-        finished = {slot for slot, _ in done}
+                done.append((s.slot, generation_result(s.context, s.prompt, s.stats,
+                                                       s.drafter.calls, s.started)))
+        finished = {slot for slot, _ in done}  # its latency, from add()
         self.live = [s for s in seqs if s.slot not in finished]
         return done
-
-    def _finish_round(self, s: _Sequence, gamma, draft, pos, logits, hidden) -> Round:
-        """speculative_round's steps 3-6 for one sequence of the batch."""
-        drafts = draft.tokens.tolist()
-        p = self.warp(logits)  # [g+1, V]
-        emitted = check_emitted(self.verify(p, draft.q, draft.tokens, s.rng), drafts, p.shape[1],
-                                self.verify)
-        accepted = len(emitted) - 1
-        kept = len(s.context) + accepted
-        s.cache.rollback(kept)
-        stop = next((i for i, t in enumerate(emitted) if t in s.eos), None)
-        out = emitted if stop is None else emitted[: stop + 1]
-        s.context += out
-        if stop is None:
-            self.drafting.accept(s.slot, s.context, hidden[: kept - pos])
-        return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
-                     kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
-                     gamma=gamma, stopped=stop is not None)
-
-    def _result(self, s: _Sequence) -> GenerationResult:
-        s.stats.draft_calls = self.drafting.calls(s.slot)
-        s.stats.total_seconds = time.perf_counter() - s.started  # its latency, from add()
-        self.drafting.finish(s.slot)
-        stopped = bool(s.stats.rounds) and s.stats.rounds[-1].stopped
-        return GenerationResult(tokens=s.context[len(s.prompt):],
-                                stop_reason="eos" if stopped else "length", stats=s.stats)
 
 
 def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=4,

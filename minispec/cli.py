@@ -381,7 +381,7 @@ def format_stats(result, speculative: bool) -> str:
         return (f"autoregressive: {len(result.tokens)} tokens, {st.target_calls} target calls, "
                 f"{st.tokens_per_second:.1f} tok/s, stopped by {result.stop_reason}")
     return (f"speculative ({st.drafter} drafter): {len(result.tokens)} tokens, "
-            f"acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.drafted}), "
+            f"acceptance {st.acceptance_rate:.2f} ({st.accepted}/{st.positions}), "
             f"{st.tokens_per_target_call:.2f} tokens/target call, {st.target_calls} target calls, "
             f"{st.draft_calls} draft calls, drafting {st.draft_seconds:.2f}s, "
             f"verifying {st.verify_seconds:.2f}s, {st.tokens_per_second:.1f} tok/s, "
@@ -549,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import drafters
 
             return drafters.main(argv[1:])
+        if argv and argv[0] == "judge":
+            from .judge import main as judge_main
+
+            return judge_main(argv[1:])
         if argv and argv[0] in ("crossover", "serve"):
             from .measure import crossover
 

@@ -1,4 +1,4 @@
-"""Whole generation pipelines behind one signature, for `verify_distribution.py --generator`.
+"""Whole generation pipelines behind one signature, for the judge's `--generator`.
 
 A generator factory takes the two model directories the judge writes, `factory(target_dir,
 draft_dir)`, and returns `generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p,
@@ -6,8 +6,8 @@ seed) -> list[int]` (the new token ids). The judge calls it thousands of times a
 the distribution of what comes out with the target's exact law. minispec's own pipelines are
 here; transformers' are in minispec/hf_generators.py (they need torch and transformers):
 
-    python verify_distribution.py --generator minispec.generators:speculative
-    python verify_distribution.py --generator minispec.hf_generators:assisted
+    python -m minispec judge --generator minispec.generators:speculative
+    python -m minispec judge --generator minispec.hf_generators:assisted
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Hugging Face transformers' generation pipelines, as generator factories for
-`verify_distribution.py --generator` (see minispec/generators.py for the signature).
+the judge's `--generator` (see minispec/generators.py for the signature).
 
-    python verify_distribution.py --generator minispec.hf_generators:assisted
-    python verify_distribution.py --generator minispec.hf_generators:prompt_lookup
+    python -m minispec judge --generator minispec.hf_generators:assisted
+    python -m minispec judge --generator minispec.hf_generators:prompt_lookup
 
 Each loads the directories as a user would (AutoModelForCausalLM.from_pretrained, float32, on
 the CPU) and calls `generate` with sampling, seeding torch before every call. top_k=0 is passed

@@ -31,8 +31,8 @@ from .verify import verify as minispec_verify
 
 __all__ = [
     "AutoGamma", "FixedGamma", "GenerationResult", "Request", "Round", "Stats",
-    "autoregressive_generate", "generate", "next_gamma", "sampled_vocab_size",
-    "speculative_generate", "speculative_round", "verify",
+    "autoregressive_generate", "expected_tokens_per_call", "generate", "next_gamma",
+    "sampled_vocab_size", "speculative_generate", "speculative_round", "verify",
 ]
 
 # verify's signature: (p [g+1, V], q [g, V], draft_tokens [g], rng) -> emitted tokens [1..g+1]
@@ -89,7 +89,7 @@ class FixedGamma:
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, depth: int, accepted: int) -> None:
         """A fixed gamma learns nothing from a round."""
 
 
@@ -97,16 +97,37 @@ AUTO_GAMMA_START = 5  # Hugging Face's num_assistant_tokens default for its "heu
 AUTO_GAMMA_MAX = 16  # our cap (HF has none): a long run of full acceptances stops here
 
 
-def next_gamma(gamma: int, drafted: int, accepted: int) -> int:
-    """gamma="auto": the next round's gamma after a round that drafted and accepted so many.
+def next_gamma(gamma: int, depth: int, accepted: int) -> int:
+    """gamma="auto": the next round's gamma after a round that drafted `depth` positions (a
+    chain's length, a tree's depth) and kept `accepted` of them.
 
     Hugging Face's "heuristic" schedule for num_assistant_tokens: start at AUTO_GAMMA_START; +2
     after a round whose drafts were all accepted, -1 after a rejection; here also kept within
     1..AUTO_GAMMA_MAX, and a round with no drafts (nothing to learn from) changes nothing.
     """
-    if drafted == 0:
+    if depth == 0:
         return gamma
-    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == drafted else max(gamma - 1, 1)
+    return min(gamma + 2, AUTO_GAMMA_MAX) if accepted == depth else max(gamma - 1, 1)
+
+
+def expected_tokens_per_call(alpha: float, gamma: int) -> float:
+    """Expected tokens one round emits: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1).
+
+    alpha: expected acceptance rate of a draft token; gamma: drafts per round. alpha = 1 gives
+    the limit gamma + 1 (every draft accepted, plus the bonus token).
+    """
+    check_alpha_gamma(alpha, gamma)
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def check_alpha_gamma(alpha: float, gamma: float) -> None:
+    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
+    if not 0.0 <= alpha <= 1.0:
+        raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
+        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
 
 
 class AutoGamma:
@@ -117,13 +138,14 @@ class AutoGamma:
     def __init__(self) -> None:
         self.gamma = AUTO_GAMMA_START
 
-    def update(self, drafted: int, accepted: int) -> None:
-        self.gamma = next_gamma(self.gamma, drafted, accepted)
+    def update(self, depth: int, accepted: int) -> None:
+        self.gamma = next_gamma(self.gamma, depth, accepted)
 
 
 def gamma_policy(gamma, *, least: int = 1):
     """gamma as the loop uses it: an integer >= least -> FixedGamma, "auto" -> AutoGamma, or
-    any object with .gamma and .update(drafted, accepted) (a policy of your own)."""
+    any object with .gamma and .update(depth, accepted) (a policy of your own): after each
+    round, the positions it drafted (Round.depth) and kept (Round.accepted)."""
     if isinstance(gamma, str) and gamma == "auto":
         return AutoGamma()
     if hasattr(gamma, "gamma") and hasattr(gamma, "update"):
@@ -141,11 +163,12 @@ class Round:
     """One target call, for traces: what was drafted, what the target kept and added."""
 
     drafted: list[int]  # the draft tokens proposed this round (empty for autoregressive decoding)
-    accepted: int  # how many of them verify() accepted (a prefix)
+    accepted: int  # the positions kept: the accepted prefix of a chain, the accepted path of a tree
     token: int  # the target's own token: the correction, or the bonus if all were accepted
     kind: str  # "correction" | "bonus" ("bonus" too when nothing was drafted)
     emitted: list[int]  # added to the output: drafted[:accepted] + [token], cut after an EOS
-    gamma: int = 0  # the drafts asked for this round (the drafter may propose fewer)
+    gamma: int = 0  # the depth asked for this round (the drafter may propose less)
+    depth: int = 0  # the positions drafted: len(drafted) for a chain, a tree's deepest path
     stopped: bool = False  # an EOS was emitted
     # timings, left out of comparisons: two runs with one seed have equal rounds
     draft_seconds: float = field(default=0.0, compare=False)  # in drafter.propose
@@ -159,8 +182,9 @@ class Stats:
     drafter: str  # the drafter's name ("model", ...), "none" for autoregressive decoding
     gamma: int | str  # the requested drafts per round, "auto", or 0 for autoregressive decoding
     new_tokens: int = 0
-    drafted: int = 0  # draft tokens proposed
-    accepted: int = 0  # draft tokens accepted by verify() (before any cut at EOS)
+    drafted: int = 0  # draft tokens proposed (every node of a tree)
+    positions: int = 0  # positions drafted: the rounds' depths (= drafted when drafts are chains)
+    accepted: int = 0  # positions kept by verification (before any cut at EOS)
     target_calls: int = 0  # target forward calls = rounds (the first one also reads the prompt)
     draft_calls: int = 0  # drafter forward calls (0 for a drafter without a model)
     draft_seconds: float = 0.0  # in drafter.propose
@@ -172,6 +196,7 @@ class Stats:
         self.rounds.append(r)
         self.new_tokens += len(r.emitted)
         self.drafted += len(r.drafted)
+        self.positions += r.depth
         self.accepted += r.accepted
         self.target_calls += 1
         self.draft_seconds += r.draft_seconds
@@ -179,8 +204,9 @@ class Stats:
 
     @property
     def acceptance_rate(self) -> float:
-        """accepted / drafted (0.0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
+        """accepted / positions: the share of drafted positions the target kept, for chains and
+        trees alike (0.0 when nothing was drafted)."""
+        return self.accepted / self.positions if self.positions else 0.0
 
     @property
     def tokens_per_target_call(self) -> float:
@@ -223,74 +249,118 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
     cache: the target's KV cache, holding every context token but the last. warp: logits ->
     the probabilities generation samples from (the same for the target's p and the drafter's q).
     verify: the speculative step (minispec.verify, or any function with its signature).
+    A drafter may propose a tree instead of a chain (minispec/tree.py): the same steps, with
+    the tree's one target call and its walk in place of steps 2 and 3.
     """
     t0 = time.perf_counter()
     # 1. the drafter proposes g <= gamma tokens and q, the distributions it drew them from
-    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter)
-    drafts = draft.tokens.tolist()
+    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter,
+                        room=cache.max_len - len(context))
     t1 = time.perf_counter()
 
     # 2. one target call over the context tokens the cache lacks (the last one; the whole prompt
-    #    in round 1) and the g drafts: its last g + 1 rows are p_0..p_g, the target's
+    #    in round 1) and the g drafts: its last g + 1 rows give p_0..p_g, the target's
     #    distributions after each draft prefix
-    pos = cache.length
-    logits, hidden = drafter.verify_forward(context[pos:] + drafts, cache, len(drafts) + 1)
-    p = warp(logits)  # [g+1, V]
+    hidden = drafter.verify_forward(context[cache.length:], draft, cache)  # [m + g, D]
+    p = warp(drafter.target.head(hidden[-len(draft.tokens) - 1:]))  # [g+1, V]
 
     # 3. keep a prefix of the drafts, then the target's correction or bonus token
-    emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
-    accepted = len(emitted) - 1
+    path, token = settle(verify, p, draft, rng)
 
-    # 4. the target's cache keeps the accepted drafts (rolling back is setting one integer);
-    #    the last emitted token has no keys or values yet: the next round feeds it
-    kept = len(context) + accepted
-    cache.rollback(kept)
+    # 4-6. keep what was accepted, stop at an EOS, let the drafter catch up
+    r = finish_round(drafter, context, cache, draft, path, token, hidden, eos)
+    r.gamma, r.draft_seconds, r.verify_seconds = gamma, t1 - t0, time.perf_counter() - t1
+    return r
 
+
+def settle(verify: VerifyFn, p, draft: Draft, rng) -> tuple[list[int], int]:
+    """Step 3 of a round -> (path: the accepted drafts' node indices, token: the target's
+    correction or bonus). A chain goes to `verify` (its accepted prefix is nodes 0..a-1); a tree
+    is walked by minispec.tree.verify_tree."""
+    if draft.parents is None:
+        drafts = draft.tokens.tolist()
+        emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
+        return list(range(len(emitted) - 1)), emitted[-1]
+    if verify is not minispec_verify:
+        raise MinispecError(f"verify: {getattr(verify, '__name__', repr(verify))} verifies "
+                            "chains; this round's draft is a tree, which "
+                            "minispec.tree.verify_tree verifies")
+    return verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+
+
+def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path: list[int],
+                 token: int, hidden, eos: tuple[int, ...]) -> Round:
+    """Steps 4-6 of a round (chains, trees and each sequence of a batch alike): the target's
+    cache keeps the accepted path, the emitted tokens are cut after an EOS and added to
+    `context`, the drafter reads what the target computed. -> the Round (without timings)."""
+    n = len(draft.tokens)
+    m = hidden.shape[0] - n  # the context tokens the call fed before the drafts
+    # 4. the target's cache keeps the accepted drafts (for a chain: setting one integer); the
+    #    last emitted token has no keys or values yet: the next round feeds it
+    keep_path(cache, path)
     # 5. an EOS ends the generation: it is kept, anything after it dropped
+    emitted = [int(draft.tokens[i]) for i in path] + [int(token)]
     stop = next((i for i, t in enumerate(emitted) if t in eos), None)
     out = emitted if stop is None else emitted[: stop + 1]
     context += out
-    if stop is None:  # 6. the drafter catches up, reading what the target computed
-        drafter.accept(context, hidden[: kept - pos])
-    return Round(drafted=drafts, accepted=accepted, token=emitted[-1],
-                 kind="bonus" if accepted == len(drafts) else "correction", emitted=out,
-                 gamma=gamma, draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
+    if stop is None:  # 6. the drafter catches up, reading the hidden states of what was kept
+        drafter.accept(context, kept_rows(hidden, m, path, drafter.target.xp))
+    if draft.parents is None:
+        depth, leaf = n, len(path) == n
+    else:
+        depth = int(depths(draft.parents).max(initial=-1)) + 1
+        leaf = not children_of(draft.parents)[path[-1] if path else -1]
+    return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
+                 kind="bonus" if leaf else "correction", emitted=out, depth=depth,
                  stopped=stop is not None)
 
 
-def check_draft(draft, gamma: int, drafter) -> Draft:
-    """The drafter's proposal, or MinispecError naming the drafter and what it returned."""
-    if not isinstance(draft, Draft):
-        raise MinispecError(f"drafter {drafter.name!r}: propose must return a Draft(tokens, q), "
-                            f"got {type(draft).__name__}")
-    tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
-    g = tokens.shape[0] if tokens.ndim == 1 else -1
-    if draft.parents is not None:  # a tree: gamma bounds its depth, not its size
-        return check_tree_draft(draft, tokens, q, gamma, drafter)
-    if g < 0 or (g and not np.issubdtype(tokens.dtype, np.integer)) or g > gamma:
-        raise MinispecError(f"drafter {drafter.name!r}: expected at most {gamma} integer draft "
-                            f"tokens [g], got shape {tokens.shape} dtype {tokens.dtype}")
-    if q.shape != (g, V):
-        raise MinispecError(f"drafter {drafter.name!r}: q must be [g, V] = [{g}, {V}] (one row "
-                            f"per draft over the sampled vocabulary), got shape {q.shape}")
-    if g and (tokens.min() < 0 or tokens.max() >= V):
-        raise MinispecError(f"drafter {drafter.name!r}: draft token ids must be in 0..{V - 1}, "
-                            f"got {tokens.tolist()}")
-    return Draft(tokens.astype(np.int64, copy=False), q)
+def kept_rows(hidden, m: int, path: list[int], xp):
+    """The rows of the verify call's hidden states [m + n, D] that were kept: the m context
+    rows, then the accepted path's nodes (for a chain, simply the first m + len(path) rows)."""
+    if path == list(range(len(path))):
+        return hidden[: m + len(path)]
+    return hidden[xp.asarray(np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)]))]
 
 
-def check_tree_draft(draft, tokens, q, gamma: int, drafter) -> Draft:
+def check_draft(draft, gamma: int, drafter, room: int | None = None) -> Draft:
+    """The drafter's proposal, checked: a chain (parents None) of at most gamma tokens, or a
+    tree at most gamma deep, pruned to its first `room` nodes when the cache has no room for
+    more. A tree shaped like a chain is returned as the chain. MinispecError names the drafter
+    and what it returned."""
     who = f"drafter {drafter.name!r}"
+    if not isinstance(draft, Draft):
+        raise MinispecError(f"{who}: propose must return a Draft(tokens, q), got "
+                            f"{type(draft).__name__}")
+    tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
     if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
-        raise MinispecError(f"{who}: tree tokens must be a 1-D integer array, got shape "
+        raise MinispecError(f"{who}: draft tokens must be a 1-D integer array [n], got shape "
                             f"{tokens.shape} dtype {tokens.dtype}")
-    check_tree(tokens, draft.parents, q, draft.siblings, drafter.vocab_size, who)
-    parents = np.asarray(draft.parents, dtype=np.int64)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= drafter.vocab_size
-                        or depths(parents).max() >= gamma):
-        raise MinispecError(f"{who}: tree tokens must be in 0..{drafter.vocab_size - 1} and "
-                            f"the tree at most gamma = {gamma} deep")
-    return Draft(tokens.astype(np.int64, copy=False), q, parents, draft.siblings)
+    n = tokens.shape[0]
+    if draft.parents is None:
+        if n > gamma:
+            raise MinispecError(f"{who}: expected at most {gamma} draft tokens, got {n}")
+        if q.shape != (n, V):
+            raise MinispecError(f"{who}: q must be [g, V] = [{n}, {V}] (one row per draft over "
+                                f"the sampled vocabulary), got shape {q.shape}")
+        parents = None
+    else:  # a tree: gamma bounds its depth, not its size
+        check_tree(tokens, draft.parents, q, draft.siblings, V, who)
+        parents = np.asarray(draft.parents, dtype=np.int64)
+        if n and depths(parents).max() >= gamma:
+            raise MinispecError(f"{who}: the tree must be at most gamma = {gamma} deep")
+    if n and (tokens.min() < 0 or tokens.max() >= V):
+        raise MinispecError(f"{who}: draft token ids must be in 0..{V - 1}, got "
+                            f"{tokens.tolist()!r:.200}")
+    tokens = tokens.astype(np.int64, copy=False)
+    if parents is None or np.array_equal(parents, np.arange(n) - 1):  # a chain
+        if parents is not None and draft.siblings == "deterministic":  # proposed with certainty
+            q = np.zeros_like(q, dtype=np.float64)
+            q[np.arange(n), tokens] = 1.0
+        return Draft(tokens, q)
+    if room is not None and n > room:  # near the cache's end: the first nodes only (a prefix of
+        tokens, q, parents = tokens[:room], q[:room], parents[:room]  # the list is a tree)
+    return Draft(tokens, q, parents, draft.siblings)
 
 
 def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
@@ -319,89 +389,73 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
     """Decode `request.max_new_tokens` tokens after `prompt_ids` from `target`, in rounds.
 
     drafter: a Drafter made for `target` (a Model is wrapped in a ModelDrafter); NoDrafter(target)
-    decodes autoregressively. gamma: drafts per round (an integer >= 0, "auto", or a policy
-    object with .gamma and .update(drafted, accepted)). verify: the speculative step.
-    on_round: called with each Round as it is done (to show tokens as they come).
+    decodes autoregressively. gamma: drafts per round, or the depth of a drafter's trees (an
+    integer >= 0, "auto", or a policy object with .gamma and .update(depth, accepted)).
+    verify: the speculative step for chains. on_round: called with each Round as it is done
+    (to show tokens as they come).
     """
     drafter = as_drafter(target, drafter)
     policy = gamma_policy(gamma, least=0)
-    if drafter.tree and verify is not minispec_verify:
-        raise MinispecError(f"verify: drafter {drafter.name!r} drafts trees, which "
-                            "minispec.tree.verify_tree verifies; a custom verify applies to chains")
     prompt, max_new = check_prompt(target, prompt_ids, request)
     start = time.perf_counter()
     rng = np.random.default_rng(request.seed)
-    V = drafter.vocab_size
+    warp = make_warp(sampling, drafter.vocab_size)
+    context = list(prompt)
+    cache = new_target_cache(target, len(prompt), max_new)
+    drafter.start(list(prompt), cache)
+    stats = Stats(drafter=drafter.name, gamma=gamma_label(gamma, policy))
+    while len(context) - len(prompt) < max_new:
+        left = max_new - (len(context) - len(prompt))
+        g = min(policy.gamma, left - 1)  # a round emits up to g + 1 tokens: stay in the budget
+        r = speculative_round(drafter, context, cache, g, warp, verify, rng,
+                              request.eos_token_ids)
+        stats.add(r)
+        policy.update(r.depth, r.accepted)  # positions, not nodes: a tree's depth is its gamma
+        if on_round is not None:
+            on_round(r)
+        if r.stopped:
+            break
+    return generation_result(context, prompt, stats, drafter.calls, start)
 
-    def warp(logits):  # one warp for p and q, onto the V ids generation samples from
+
+# ---- what the loop and the batch loop (minispec/batch.py) share ------------------------------
+
+TREE_ROOM = 64  # cache slots past the budget for a tree's nodes (trees larger are pruned)
+
+
+def make_warp(sampling: Sampling, V: int):
+    """One warp for p and q: logits [..., V'] -> probabilities [..., V] over the V ids
+    generation samples from."""
+
+    def warp(logits):
         probs = sampling.warp(logits[..., :V])  # [..., V'] -> [..., min(V', V)]
         if probs.shape[-1] < V:  # a draft vocabulary without the target's padded ids: q = 0
             probs = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, V - probs.shape[-1])])
         return probs  # [..., V]
 
-    context = list(prompt)
-    cache = target.new_cache(len(prompt) + max_new)  # every position this generation can use
-    if drafter.tree:  # room for a tree's nodes after the context (pruned where there is none)
-        cache = target.new_cache(min(len(prompt) + max_new + 64,
-                                     target.config.max_position_embeddings))
-    drafter.start(list(prompt), cache)
-    label = gamma if isinstance(gamma, (int, str)) else type(policy).__name__
-    stats = Stats(drafter=drafter.name, gamma=label)
-    while len(context) - len(prompt) < max_new:
-        left = max_new - (len(context) - len(prompt))
-        g = min(policy.gamma, left - 1)  # a round emits up to g + 1 tokens: stay in the budget
-        if drafter.tree:  # a tree of drafts (minispec/tree.py), verified by verify_tree
-            r = tree_round(drafter, context, cache, g, warp, rng, request.eos_token_ids)
-        else:
-            r = speculative_round(drafter, context, cache, g, warp, verify, rng,
-                                  request.eos_token_ids)
-        stats.add(r)
-        policy.update(len(r.drafted), r.accepted)
-        if on_round is not None:
-            on_round(r)
-        if r.stopped:
-            break
-    stats.draft_calls = drafter.calls
+    return warp
+
+
+def new_target_cache(target: Model, prompt_len: int, max_new: int):
+    """The target's cache for one generation: every position it can use, and room after them
+    for the nodes of a tree of drafts."""
+    return target.new_cache(min(prompt_len + max_new + TREE_ROOM,
+                                target.config.max_position_embeddings))
+
+
+def gamma_label(gamma, policy) -> int | str:
+    """gamma as Stats shows it: the number, "auto", or the name of a policy of one's own."""
+    return gamma if isinstance(gamma, (int, str)) else type(policy).__name__
+
+
+def generation_result(context: list[int], prompt: list[int], stats: Stats, draft_calls: int,
+                      start: float) -> GenerationResult:
+    """The finished generation: its new tokens, why it stopped, its stats with the totals."""
+    stats.draft_calls = draft_calls
     stats.total_seconds = time.perf_counter() - start
-    tokens = context[len(prompt):]
-    stop_reason = "eos" if stats.rounds and stats.rounds[-1].stopped else "length"
-    return GenerationResult(tokens=tokens, stop_reason=stop_reason, stats=stats)
-
-
-# ---- a round with a tree of drafts (minispec/tree.py; skip on a first reading) --------------
-
-
-def tree_round(drafter, context: list[int], cache, gamma: int, warp, rng, eos):
-    """speculative_round for a drafter whose `tree` is set: propose a tree, one target call over
-    it (a tree attention mask), verify_tree, keep the accepted path's keys and values."""
-    t0 = time.perf_counter()
-    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter)
-    t1 = time.perf_counter()
-    pos = cache.length
-    prefix = context[pos:]
-    if draft.parents is None:  # a plain chain this round (e.g. nothing to draft)
-        draft.parents = np.arange(len(draft.tokens)) - 1
-    room = cache.max_len - len(context)  # near the cache's end, keep the first nodes only (a
-    if len(draft.tokens) > room:  # prefix of the node list is a tree, each node's proposal intact)
-        draft = Draft(draft.tokens[:room], draft.q[:room], draft.parents[:room], draft.siblings)
-    h = drafter.verify_tree_forward(prefix, draft, cache)  # [m + n, D]
-    m, n, xp = len(prefix), len(draft.tokens), drafter.target.xp
-    rows = np.concatenate([[m - 1], m + np.arange(n)])  # the last context token, then each node
-    p = warp(drafter.target.head(h[xp.asarray(rows)]))  # [n+1, V]
-    path, token = verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
-    keep_path(cache, path)  # the accepted nodes' keys and values, moved after the context
-    emitted = [int(draft.tokens[i]) for i in path] + [int(token)]
-    stop = next((i for i, t in enumerate(emitted) if t in eos), None)
-    out = emitted if stop is None else emitted[: stop + 1]
-    context += out
-    if stop is None:  # the drafter reads the hidden states of the prefix and the kept path
-        kept = np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)])
-        drafter.accept(context, h[xp.asarray(kept)])
-    leaf = not children_of(draft.parents)[path[-1] if path else -1]
-    return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
-                 kind="bonus" if leaf else "correction", emitted=out, gamma=gamma,
-                 draft_seconds=t1 - t0, verify_seconds=time.perf_counter() - t1,
-                 stopped=stop is not None)
+    stopped = bool(stats.rounds) and stats.rounds[-1].stopped
+    return GenerationResult(tokens=context[len(prompt):],
+                            stop_reason="eos" if stopped else "length", stats=stats)
 
 
 def as_drafter(target, drafter) -> Drafter:

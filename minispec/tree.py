@@ -5,11 +5,11 @@ A tree draft is n nodes: tokens [n], parents [n] (parents[i] < i is node i's par
 child of the last context token) and q [n, V], the distribution node i was drawn from. A chain
 is the tree with parents = [-1, 0, 1, ...].
 
-The one target call (`hidden_tree`). The nodes are laid out flat after the context, node i in
-cache slot L + i but at position L + depth(i) (depth 0 for a child of the context); a tree
-attention mask lets node i attend to the context and to its own ancestors only (Miao et al.
-2024, SpecInfer; Cai et al. 2024, Medusa). Row i of the output is then exactly what a plain
-forward pass over context + the path to node i would give at its last position.
+The one target call (`hidden_tree`). The nodes are laid out flat after the n_ctx context tokens,
+node i in cache slot n_ctx + i but at position n_ctx + depth(i) (depth 0 for a child of the
+context); a tree attention mask lets node i attend to the context and to its own ancestors only
+(Miao et al. 2024, SpecInfer; Cai et al. 2024, Medusa). Row i of the output is then exactly what a
+plain forward pass over context + the path to node i would give at its last position.
 
 Verification (`verify_tree`) walks from the root. At a node whose target distribution is r
 (the row of p after that node), its children are tried in turn; child c, with token x drawn
@@ -95,9 +95,9 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
     tokens[done:] in one call -> the last hidden states h [len(prefix) + n - done, D].
 
     The cache keeps the prefix (cache.length grows by len(prefix)); the nodes' keys and values
-    wait in the slots after it, node i in slot L + i (L = context length), until `keep_path`
-    keeps the accepted ones. Nodes 0..done-1 must already be in their slots (a drafter growing a
-    tree level by level); then prefix must be empty.
+    wait in the slots after it, node i in slot n_ctx + i (n_ctx: the context length), until
+    `keep_path` keeps the accepted ones. Nodes 0..done-1 must already be in their slots (a
+    drafter growing a tree level by level); then prefix must be empty.
     """
     xp = model.xp
     ids = np.concatenate([np.asarray(prefix, dtype=np.int64),
@@ -111,10 +111,11 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
     return tree_layers(model, h, parents, cache, len(prefix), done)
 
 
-def tree_positions(L: int, parents, m: int, done: int) -> np.ndarray:
-    """The positions of the rows a tree call feeds: the prefix's L-m..L-1, then node i's
-    L + depth(i) for i >= done."""
-    return np.concatenate([np.arange(L - m, L), L + depths(parents)[done:]]).astype(np.int64)
+def tree_positions(n_ctx: int, parents, m: int, done: int) -> np.ndarray:
+    """The positions of the rows a tree call feeds: the prefix's n_ctx-m..n_ctx-1, then node i's
+    n_ctx + depth(i) for i >= done."""
+    fed = np.concatenate([np.arange(n_ctx - m, n_ctx), n_ctx + depths(parents)[done:]])
+    return fed.astype(np.int64)
 
 
 def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
@@ -126,49 +127,50 @@ def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
     n = len(parents)
     if done and m:
         raise MinispecError("hidden_tree: a prefix can only come with the first nodes (done=0)")
-    L = cache.length + m  # the context length once the prefix is in
-    positions = L + depths(parents)  # [n] the position each node would have in its sequence
-    if L + n > cache.max_len:
-        raise MinispecError(f"hidden_tree: {L} context positions + {n} tree nodes do not fit "
+    n_ctx = cache.length + m  # the context length once the prefix is in
+    positions = n_ctx + depths(parents)  # [n] the position each node would have in its sequence
+    if n_ctx + n > cache.max_len:
+        raise MinispecError(f"hidden_tree: {n_ctx} context positions + {n} tree nodes do not fit "
                             f"the KV cache (max_len={cache.max_len})")
     if n and int(positions.max()) >= config.max_position_embeddings:
         raise MinispecError(f"hidden_tree: the tree reaches position {int(positions.max())}, "
                             f"past the context length ({config.max_position_embeddings})")
-    pos_fed = tree_positions(L, parents, m, done)  # [T]
+    pos_fed = tree_positions(n_ctx, parents, m, done)  # [T]
 
     # the mask [T, S]: the prefix is causal; node i sees the context and its ancestors
-    mask = np.zeros((len(pos_fed), L + n), dtype=bool)
-    mask[:m, :L] = causal_mask(np, L - m, m, L, None)
+    mask = np.zeros((len(pos_fed), n_ctx + n), dtype=bool)
+    mask[:m, :n_ctx] = causal_mask(np, n_ctx - m, m, n_ctx, None)
     ancestor = np.eye(n, dtype=bool)  # [n, n] ancestor-or-self
     for i, a in enumerate(parents):
         if a >= 0:
             ancestor[i] |= ancestor[a]
-    mask[m:, :L] = True
-    mask[m:, L:] = ancestor[done:]
+    mask[m:, :n_ctx] = True
+    mask[m:, n_ctx:] = ancestor[done:]
     window = config.sliding_window
     if window is not None:  # key positions: the context's own, then each node's
-        key_pos = np.concatenate([np.arange(L), positions])
+        key_pos = np.concatenate([np.arange(n_ctx), positions])
         mask &= (pos_fed[:, None] - key_pos[None, :]) < window
     rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
     mask = xp.asarray(mask)
-    first = L + done if not m else L - m  # the first slot written
+    first = n_ctx + done if not m else n_ctx - m  # the first slot written
     for i in range(model.n_layers):  # block() writes slots first.. and attends over 0..S-1
         h = block(xp, h, model.weights["layers"][i], config, rot, (cache.k[i], cache.v[i]),
                   first, mask)  # [T, D] -> [T, D]
-    cache.length = L
+    cache.length = n_ctx
     return h
 
 
 def keep_path(cache, path: list[int]) -> None:
     """Keep the accepted nodes' keys and values (path: node indices, root to leaf), moved to
     consecutive positions right after the context; forget every other node."""
-    L = cache.length
-    if path:
-        src = L + np.asarray(path)
-        dst = L + np.arange(len(path))
+    n_ctx = cache.length
+    moved = [i for i, node in enumerate(path) if node != i]  # a chain's path stays in place
+    if moved:
+        src = n_ctx + np.asarray(path)[moved]
+        dst = n_ctx + np.asarray(moved)
         cache.k[:, :, dst] = cache.k[:, :, src]  # the right side is a copy: overlap is safe
         cache.v[:, :, dst] = cache.v[:, :, src]
-    cache.length = L + len(path)
+    cache.length = n_ctx + len(path)
 
 
 # ---- verification ---------------------------------------------------------------------------

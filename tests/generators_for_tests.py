@@ -2,11 +2,11 @@
 planted pipeline bug, one that returns the wrong number of tokens, one needing a package that is
 not installed."""
 
-import verify_distribution as vd
+from minispec.judge.pipeline import broken_generator
 
 REQUIRES: tuple[str, ...] = ()
 
-greedy_draft = vd.broken_generator("greedy draft")  # transformers #32867, on minispec's loop
+greedy_draft = broken_generator("greedy draft")  # transformers #32867, on minispec's loop
 
 
 def too_short(target_dir, draft_dir):

@@ -19,6 +19,7 @@ from minispec.batch import (
     generate_batch,
 )
 from minispec.batched import batch_head, batch_hidden
+from minispec.drafters import ModelDrafter
 from minispec.loader import random_model
 from minispec.measure.harness import expected_tokens_per_call
 from minispec.sampling import warp
@@ -235,3 +236,22 @@ def test_bad_batch_arguments_are_named():
     for gamma in (-1, "fast", 1.5):
         with pytest.raises(MinispecError, match="gamma"):
             generate_batch(TARGET, CLOSE, [[1, 2]], gamma=gamma, max_new_tokens=4, **GREEDY)
+
+
+def test_each_sequence_of_a_batch_drafts_with_state_of_its_own():
+    # a batch serves each sequence with a fork of the drafter, started on its prompt: no state
+    # is shared between sequences, and the drafter handed in is left as it was
+    started = []
+
+    class Spy(ModelDrafter):
+        def start(self, prompt_ids, cache):
+            super().start(prompt_ids, cache)
+            started.append(self)
+
+    spy = Spy(TARGET, CLOSE)
+    out = generate_batch(TARGET, spy, PROMPTS[:4], gamma=3, max_new_tokens=12, **GREEDY)
+    assert spy.cache is None and len(started) == 4
+    assert len({id(d.cache) for d in started}) == 4
+    for prompt, r in zip(PROMPTS[:4], out):
+        assert r.tokens == autoregressive_generate(TARGET, prompt, max_new_tokens=12,
+                                                   **GREEDY).tokens

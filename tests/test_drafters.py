@@ -16,6 +16,7 @@ from stats_helpers import pooled_chisquare
 from minispec.backend import to_host
 from minispec.config import ModelConfig
 from minispec.drafters import (
+    Draft,
     EarlyExitDrafter,
     ModelDrafter,
     NgramDrafter,
@@ -228,46 +229,36 @@ class CheckedEarlyExit(EarlyExitDrafter):
         super().__init__(target, k)
         self.ids: list[int] = []  # the tokens in the target cache, position by position
         self.shallow = self.deep = self.verified = 0
-        run_layers = target.run_layers
 
-        def counting(h, cache, pos, start=0, stop=None):
-            if start == 0:
-                self.shallow += h.shape[0]
-            else:
-                self.deep += h.shape[0]
-            return run_layers(h, cache, pos, start, stop)
-
-        self.run = counting
+    def run_layers(self, h, caches, starts, sizes, start, stop):
+        if start == 0:
+            self.shallow += h.shape[0]
+        else:
+            self.deep += h.shape[0]
+        return super().run_layers(h, caches, starts, sizes, start, stop)
 
     def propose(self, context, gamma, warp_fn, rng):
-        self.target.run_layers = self.run
-        try:
-            draft = super().propose(context, gamma, warp_fn, rng)
-        finally:
-            del self.target.run_layers
+        draft = super().propose(context, gamma, warp_fn, rng)
         t = self.target
         for i in range(len(draft.tokens)):
             seq = list(context) + draft.tokens[:i].tolist()
-            h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.k)  # first k layers, no cache
+            h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.exit_layer)  # no cache
             np.testing.assert_allclose(draft.q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
         return draft
 
-    def verify_forward(self, tokens, cache, n_logits):
+    def verify_forward(self, prefix, draft, cache):
         assert len(self.ids) >= cache.length
         del self.ids[cache.length :]  # what the loop's rollback forgot
-        self.ids += [int(x) for x in tokens]
+        tokens = list(prefix) + draft.tokens.tolist()
+        self.ids += tokens
         self.verified += len(tokens)
-        self.target.run_layers = self.run
-        try:
-            logits, hidden = super().verify_forward(tokens, cache, n_logits)
-        finally:
-            del self.target.run_layers
-        assert cache.length == len(self.ids) and hidden.shape[0] == len(tokens)
+        hidden = super().verify_forward(prefix, draft, cache)
+        assert cache.length == len(self.ids) - len(draft.tokens)  # the drafts wait after it
+        assert hidden.shape[0] == len(tokens)
         reference = self.target.logits(self.ids)[-len(tokens) :]
-        np.testing.assert_allclose(to_host(logits), reference[-n_logits:], rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(to_host(self.target.head(hidden)), reference, rtol=1e-4,
                                    atol=1e-4)
-        return logits, hidden
+        return hidden
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -298,11 +289,10 @@ def test_early_exit_verify_forward_recomputes_what_was_not_drafted():
     cache = TARGET.new_cache(32)
     d.start([5], cache)
     seq = [5, 9, 2, 7, 7, 1]
-    first, h1 = d.verify_forward(seq[:4], cache, 4)
-    rest, h2 = d.verify_forward(seq[4:], cache, 1)
+    h1 = d.verify_forward(seq[:4], d.empty_draft(), cache)
+    h2 = d.verify_forward(seq[4:5], Draft(np.array(seq[5:]), np.ones((1, V)) / V), cache)
+    assert cache.length == 5  # the context; the draft's keys and values wait after it
     reference = TARGET.logits(seq)
-    np.testing.assert_allclose(np.vstack([to_host(first), to_host(rest)]),
-                               reference[[0, 1, 2, 3, 5]], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(to_host(TARGET.head(np.vstack([h1, h2]))), reference, rtol=1e-4,
                                atol=1e-4)
 
@@ -360,8 +350,8 @@ def test_next_gamma_follows_the_schedule_within_its_bounds():
     assert next_gamma(AUTO_GAMMA_MAX, 16, 16) == AUTO_GAMMA_MAX
     assert next_gamma(6, 0, 0) == 6  # nothing drafted: nothing learned
     g = AUTO_GAMMA_START
-    for drafted, accepted in [(1, 1)] * 20 + [(1, 0)] * 30:
-        g = next_gamma(g, drafted, accepted)
+    for depth, accepted in [(1, 1)] * 20 + [(1, 0)] * 30:
+        g = next_gamma(g, depth, accepted)
         assert 1 <= g <= AUTO_GAMMA_MAX
 
 
@@ -396,11 +386,11 @@ def test_make_drafter_builds_each_drafter():
     ngram = make_drafter("ngram", TARGET)
     assert isinstance(ngram, NgramDrafter) and ngram.vocab_size == V
     ee = make_drafter("early-exit", TARGET)
-    assert isinstance(ee, EarlyExitDrafter) and ee.k == default_exit_layer(TARGET) == 1
-    assert make_drafter("early-exit", TARGET, exit_layer=3).k == 3
+    assert isinstance(ee, EarlyExitDrafter) and ee.exit_layer == default_exit_layer(TARGET) == 1
+    assert make_drafter("early-exit", TARGET, exit_layer=3).exit_layer == 3
     assert {d.name for d in (ngram, ee)} == {"ngram", "early-exit"}
     big = random_model(ModelConfig(**{**CONFIG, "n_layers": 12}), seed=0)
-    assert make_drafter("early-exit", big).k == 3
+    assert make_drafter("early-exit", big).exit_layer == 3
 
 
 def test_make_drafter_errors_name_what_is_wrong():

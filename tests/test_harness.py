@@ -46,8 +46,8 @@ def test_theory_rejects_bad_arguments(alpha, gamma, c):
 
 
 def result(*rounds):
-    """A stand-in GenerationResult with rounds of (drafted, accepted)."""
-    rs = [SimpleNamespace(drafted=[0] * d, accepted=a) for d, a in rounds]
+    """A stand-in GenerationResult with chain rounds of (drafted, accepted)."""
+    rs = [SimpleNamespace(drafted=[0] * d, depth=d, accepted=a) for d, a in rounds]
     return SimpleNamespace(stats=SimpleNamespace(rounds=rs))
 
 
@@ -111,7 +111,9 @@ def test_decode_step_timing_round_costs_and_verify_curve():
 
 def test_early_exit_step_is_the_first_k_layers_and_the_head():
     target = random_model(tiny_config(n_layers=3), seed=0)
-    step = harness.EarlyExitStep(target, 2)
+    step = harness.draft_step_model("early-exit", target, exit_layer=2)  # asked of the drafter
+    assert harness.draft_step_model("ngram", target) is None
+    assert harness.draft_step_model("model", target, draft_model=target) is target
     cache = step.new_cache(16)
     seq = [4, 8, 15, 16, 23]
     step.forward(seq[:3], cache)

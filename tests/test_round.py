@@ -76,8 +76,8 @@ BAD_DRAFTS = [
     (None, "must return a Draft"),
     ((np.array([1]), np.ones((1, V)) / V), "must return a Draft"),
     (Draft(np.array([1, 2, 3]), np.ones((3, V)) / V), "at most 2"),
-    (Draft(np.array([[1]]), np.ones((1, V)) / V), "at most 2"),
-    (Draft(np.array(["a"]), np.ones((1, V)) / V), "at most 2"),
+    (Draft(np.array([[1]]), np.ones((1, V)) / V), "1-D integer array"),
+    (Draft(np.array(["a"]), np.ones((1, V)) / V), "1-D integer array"),
     (Draft(np.array([1]), np.ones(V) / V), "q must be"),
     (Draft(np.array([1]), np.ones((1, V - 1)) / V), "q must be"),
     (Draft(np.array([V]), np.ones((1, V)) / V), "0..47"),
@@ -167,8 +167,8 @@ def test_a_gamma_policy_of_ones_own_is_followed():
         def __init__(self):
             self.gamma, self.seen = 1, []
 
-        def update(self, drafted, accepted):
-            self.seen.append((drafted, accepted))
+        def update(self, depth, accepted):
+            self.seen.append((depth, accepted))
             self.gamma = 3 if self.gamma == 1 else 1
 
     policy = Alternate()
@@ -177,6 +177,7 @@ def test_a_gamma_policy_of_ones_own_is_followed():
     asked = [rd.gamma for rd in r.stats.rounds]
     assert asked[:4] == [1, 3, 1, 3]
     assert policy.seen == [(len(rd.drafted), rd.accepted) for rd in r.stats.rounds]
+    assert all(rd.depth == len(rd.drafted) for rd in r.stats.rounds)  # a chain's depth
 
 
 def _imports(path: Path, package: str) -> set[str]:

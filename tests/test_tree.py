@@ -170,8 +170,68 @@ def test_tree_shapes_and_bad_trees_are_named():
                                       verify=lambda p, q, d, r: d)
 
 
-def test_batches_refuse_tree_drafters_by_name():
-    target = random_model(tiny_config(), seed=0)
-    with pytest.raises(MinispecError, match="model-tree"):
-        minispec.generate_batch(target, TreeModelDrafter(target, target), [[3, 4]],
-                                max_new_tokens=4, temperature=0.0)
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_tree_drafters_run_in_a_batch_and_greedy_is_autoregressive(gamma):
+    target = random_model(tiny_config(), seed=0, scale=0.5)
+    draft = random_model(tiny_config(n_layers=1), seed=0, scale=0.4)
+    prompts = [[3, 17, 5], [9] * 11, [4, 4, 8, 1]]
+    for drafter in (TreeModelDrafter(target, draft, (2, 2, 1)),
+                    minispec.drafters.random_medusa(target, 3, shape=(2, 1, 1))):
+        out = minispec.generate_batch(target, drafter, prompts, gamma=gamma,
+                                      max_new_tokens=20, temperature=0.0)
+        for prompt, r in zip(prompts, out):
+            base = minispec.autoregressive_generate(target, prompt, max_new_tokens=20,
+                                                    temperature=0.0)
+            assert r.tokens == base.tokens
+
+
+def test_a_tree_shaped_like_a_chain_is_a_chain_and_parents_alone_make_a_tree():
+    # no flag says which kind a drafter drafts: the shape decides, the same way every round
+    target = random_model(tiny_config(), seed=0, scale=0.5)
+    seen = []
+
+    class Shapes(minispec.Drafter):
+        def propose(self, context, gamma, warp, rng):
+            if gamma < 2:
+                return self.empty_draft()
+            q = warp(minispec.backend.to_host(target.logits(context))[-1:])  # [1, V]
+            x = int(np.argmax(q[0]))
+            parents = np.array([-1, -1]) if len(context) % 2 else np.array([-1, 0])
+            return minispec.Draft(np.array([x, (x + 1) % 48]), np.vstack([q, q]), parents,
+                                  "deterministic")
+
+    def spy(p, q, d, rng):  # a custom verify sees the chain-shaped rounds only
+        seen.append(q.copy())
+        return minispec.verify(p, q, d, rng)
+
+    prompt = [3, 17, 5, 8]
+    base = minispec.autoregressive_generate(target, prompt, max_new_tokens=12, temperature=0.0)
+    out = minispec.speculative_generate(target, Shapes(target), prompt, gamma=2,
+                                        max_new_tokens=12, temperature=0.0)
+    assert out.tokens == base.tokens
+    with pytest.raises(MinispecError, match="tree"):  # a branching round meets a chain verify
+        minispec.speculative_generate(target, Shapes(target), [3, 17, 5], gamma=2,
+                                      max_new_tokens=12, temperature=0.0, verify=spy)
+    seen.clear()
+    minispec.speculative_generate(target, Shapes(target), prompt, gamma=2, max_new_tokens=3,
+                                  temperature=1.0, seed=0, verify=spy)
+    # "deterministic" siblings on a chain: each draft was proposed with certainty, q one-hot
+    assert seen[0].shape == (2, 48) and np.array_equal(seen[0].max(axis=1), [1.0, 1.0])
+
+
+def test_auto_gamma_with_a_tree_sees_depths_not_node_counts():
+    # a self-draft agrees with the target everywhere: every round keeps its whole path, so
+    # gamma="auto" must never shrink the depth (it did when nodes were counted against the
+    # kept path: a 2,2,1,1 tree of 12 nodes "rejected" 8 of them and fell to depth 1)
+    target = random_model(tiny_config(), seed=0, scale=0.5)
+    drafter = TreeModelDrafter(target, target, (2, 2, 1, 1))
+    prompt = [3, 17, 5]
+    out = minispec.speculative_generate(target, drafter, prompt, gamma="auto",
+                                        max_new_tokens=41, temperature=0.0)
+    base = minispec.autoregressive_generate(target, prompt, max_new_tokens=41, temperature=0.0)
+    assert out.tokens == base.tokens
+    assert out.stats.tokens_per_target_call > 4.0
+    rounds = [r for r in out.stats.rounds if r.drafted]
+    assert [r.depth for r in rounds[:-1]] == [4] * (len(rounds) - 1)
+    assert all(r.accepted == r.depth for r in rounds)
+    assert out.stats.acceptance_rate == 1.0  # kept positions / drafted positions, as for a chain

@@ -1,4 +1,5 @@
-"""verify_distribution.py: the quick run passes, outside samplers are judged, the statistics.
+"""The judge (minispec/judge/, run by verify_distribution.py): the quick run passes, outside
+samplers, generators and drafters are judged, the statistics.
 
 The script's own run is the distribution test of minispec's verify step and speculative loop;
 here we check that it runs, that its verdict is right on outside samplers known to be exact or
@@ -16,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minispec.judge import pipeline, selftest, verify_step
+from minispec.judge import stats as judge_stats
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import verify_distribution as vd  # noqa: E402 - the script at the repository root
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -51,6 +53,21 @@ def test_quick_run_passes_with_every_row():
     assert "PASS:" in out and "FAIL" not in out
 
 
+def test_help_says_what_each_part_tests_how_long_what_pass_means_and_the_exit_codes():
+    r = subprocess.run([sys.executable, "-m", "minispec", "judge", "--help"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    for part in ("1 a verify step alone", "2 minispec's whole loop", "T the tree walk",
+                 "3 the shipped pair", "4 the controls", "G with --generator",
+                 "D with --drafter"):
+        assert part in out
+    for words in ("--quick 1 to 3 minutes", "full run about 10 minutes", "PASS means",
+                  "Holm", "the controls' are meant to be tiny", "Exit status: 0 PASS; 1 FAIL",
+                  "3 nothing was tested", "factory(target, draft)"):
+        assert words in out
+
+
 def test_outside_exact_sampler_passes():
     r = run_script("--quick", "--sampler", "samplers_for_tests:exact")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -71,31 +88,32 @@ def test_bad_sampler_spec_is_reported():
 
 def test_g_parts_merges_small_cells_and_flags_impossible_draws():
     # expected 50, 45, 4, 1: the last two merge into an "other" cell of 5
-    g, dof, impossible = vd.g_parts([50, 45, 4, 1], [0.5, 0.45, 0.04, 0.01])
+    g, dof, impossible = judge_stats.g_parts([50, 45, 4, 1], [0.5, 0.45, 0.04, 0.01])
     assert (dof, impossible) == (2, 0) and g == pytest.approx(0.0, abs=1e-12)
     # expected 50, 47, 2, 1: "other" (3) is still too small and takes in the 47 cell too
-    g, dof, _ = vd.g_parts([50, 47, 2, 1], [0.5, 0.47, 0.02, 0.01])
+    g, dof, _ = judge_stats.g_parts([50, 47, 2, 1], [0.5, 0.47, 0.02, 0.01])
     assert dof == 1 and g == pytest.approx(0.0, abs=1e-12)
-    assert vd.g_parts([10, 0, 1], [0.5, 0.5, 0.0])[2] == 1  # one draw of a probability-0 cell
-    assert vd.g_parts([10, 1], [1.0, 1e-13])[2] == 1  # below IMPOSSIBLE counts as impossible
-    fit = vd.combine([vd.g_parts([10, 0, 1], [0.5, 0.5, 0.0])])
+    g_parts = judge_stats.g_parts
+    assert g_parts([10, 0, 1], [0.5, 0.5, 0.0])[2] == 1  # one draw of a probability-0 cell
+    assert g_parts([10, 1], [1.0, 1e-13])[2] == 1  # below IMPOSSIBLE counts as impossible
+    fit = judge_stats.combine([judge_stats.g_parts([10, 0, 1], [0.5, 0.5, 0.0])])
     assert fit.pvalue == 0.0 and "impossible" in fit.note
 
 
 def test_holm_adjusts_step_down():
-    assert vd.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert judge_stats.holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
 
 
 def test_length_law_of_algorithm1():
     rng = np.random.default_rng(0)
     p, q = rng.dirichlet(np.ones(6), 4), rng.dirichlet(np.ones(6), 3)
-    law = vd.length_law(p, q)
+    law = verify_step.length_law(p, q)
     assert law.sum() == pytest.approx(1.0) and law[0] == 0.0
-    assert vd.length_law(p, p[:3])[-1] == 1.0  # q == p: every round ends with a bonus token
+    assert verify_step.length_law(p, p[:3])[-1] == 1.0  # q == p: every round ends with a bonus
     disjoint = np.zeros((3, 6))
     disjoint[:, 0] = 1.0
     p[:, 0] = 0.0
-    assert vd.length_law(p / p.sum(1, keepdims=True), disjoint)[1] == 1.0
+    assert verify_step.length_law(p / p.sum(1, keepdims=True), disjoint)[1] == 1.0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None
@@ -125,10 +143,21 @@ def test_minispec_pipeline_passes_and_every_planted_bug_is_rejected():
     out = r.stdout
     assert r.returncode == 0, out + r.stderr
     assert "G    T=1.5 top_k=2 L=3, near, prompt of 7" in out
-    for bug in vd.PIPELINE_BUGS:
+    for bug in pipeline.PIPELINE_BUGS:
         line = next(x for x in out.splitlines() if x.startswith(f"G    {bug:<15}"))
         assert line.endswith("rejected") and "NOT" not in line, line
     assert "PASS: 1/1 true tests pass, 4/4 controls rejected" in out
+
+
+@pytest.mark.parametrize("spec, code, message", [
+    ("drafters_for_tests:exact", 0, "PASS: 3/3 true tests pass, 2/2 controls rejected"),
+    ("drafters_for_tests:greedy", 1, "FAIL:"),
+])
+def test_a_drafter_of_ones_own_is_judged_in_generate_and_generate_batch(spec, code, message):
+    # a tree drafter written against the public contract, through --drafter, unchanged
+    r = run_script("--drafter", spec, "--quick", "--samples", "400")
+    assert r.returncode == code, r.stdout + r.stderr
+    assert message in r.stdout and "lookup-tree, batch" in r.stdout
 
 
 @pytest.mark.parametrize("spec, code, message", [
@@ -151,12 +180,12 @@ def test_transformers_assisted_generation_end_to_end(tmp_path):
     from transformers import AutoModelForCausalLM
 
     # the pair the judge writes is what transformers reads: the same logits as minispec's
-    dirs = vd.write_pair(str(tmp_path))
+    dirs = pipeline.write_pair(str(tmp_path))
     model = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.float32)
     ids = [4, 2, 11, 7, 4, 2, 11]
     with torch.inference_mode():
         theirs = model(torch.tensor([ids])).logits[0].numpy()
-    np.testing.assert_allclose(theirs, vd.tiny_models()["target"].logits(ids), atol=1e-4)
+    np.testing.assert_allclose(theirs, selftest.tiny_models()["target"].logits(ids), atol=1e-4)
     r = run_script("--generator", "minispec.hf_generators:assisted", "--quick", "--samples",
                    "200")
     assert r.returncode == 0, r.stdout + r.stderr

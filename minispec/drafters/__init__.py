@@ -1,7 +1,7 @@
 """Drafters: whatever proposes the gamma tokens the target then verifies.
 
-The contract every drafter follows is in `base.py`. Three drafters ship, chosen by name with
-`make_drafter`:
+The contract every drafter follows is in `base.py`: chains and trees alike, one sequence or a
+batch. Six drafters ship, chosen by name with `make_drafter`:
     "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q)
     "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
                   the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
@@ -43,7 +43,7 @@ __all__ = [
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
                  tree=None, medusa_dir=None, dynamic=None, eagle_dir=None) -> Drafter:
-    """The drafter called `name` ("model" | "ngram" | "early-exit") for `target`.
+    """The drafter called `name` (one of DRAFTERS) for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);

@@ -5,14 +5,25 @@ approximation works, down to trivial n-gram models; speculative sampling is loss
 drafter, provided it reports q, the exact distribution each draft token was drawn from. A
 drafter that always proposes the same token given its context reports a one-hot q.
 
-The loop (minispec/speculative.py) calls the same four methods on every drafter, in this order:
+The loop (minispec/speculative.py) calls the same four methods on every drafter, in this order,
+for one sequence (generate) or for each sequence of a batch (generate_batch):
 
-    start(prompt_ids, cache)                   once per generation (cache: the target's, empty)
-    propose(context, gamma, warp, rng) -> Draft          each round: up to gamma tokens, their q
-    verify_forward(tokens, cache, n) -> (logits, hidden) each round: the one target call
-    accept(context, hidden)                    each round, after verification
+    start(prompt_ids, cache)                    once per generation (cache: the target's, empty)
+    propose(context, gamma, warp, rng) -> Draft          each round: its tokens and their q
+    verify_forward(prefix, draft, cache) -> hidden       each round: the one target call
+    accept(context, hidden)                     each round, after verification
 
-Autoregressive decoding is the same loop with `NoDrafter`, which never drafts.
+A Draft is a tree of n nodes: tokens [n], q [n, V] and parents [n]. A chain is the tree whose
+node i is node i-1's child (parents -1, 0, 1, ...: Draft's default), at most gamma long; a tree
+branches (minispec/tree.py), at most gamma deep. The loop tells them apart by the shape alone:
+nothing else says which kind a drafter drafts, and one drafter may propose either.
+
+Per-sequence state lives in what `start` creates: a batch serves each sequence with its own
+`fork()` of the drafter (a shallow copy, sharing weights and settings), then starts it. Two
+optional methods let a drafter serve a whole batch in fewer calls (`propose_batch`,
+`verify_forward_batch`); by default each sequence is asked in turn and the target verifies
+every chain in one batched call. Autoregressive decoding is the same loop with `NoDrafter`,
+which never drafts.
 """
 
 from __future__ import annotations
@@ -22,19 +33,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..batched import batch_head, batch_hidden
+from ..batched import batch_hidden
 from ..errors import MinispecError
+from ..tree import hidden_tree
 
 
 @dataclass
 class Draft:
-    """What a drafter proposes for one round."""
+    """What a drafter proposes for one round: n nodes, a chain unless parents say otherwise."""
 
-    tokens: np.ndarray  # int64 [g]: the draft tokens, in order
-    q: np.ndarray  # float64 [g, V]: row i is the (warped) distribution tokens[i] was drawn from
-    # a tree of drafts (minispec/tree.py; a chain leaves these alone): parents[i] < i is node
-    # i's parent, -1 for a child of the context; siblings says how siblings were drawn
-    # ("independent" | "without-replacement" | "deterministic")
+    tokens: np.ndarray  # int64 [n]: the draft tokens (a chain: in order)
+    q: np.ndarray  # float64 [n, V]: row i is the (warped) distribution tokens[i] was drawn from
+    # parents[i] < i is node i's parent, -1 for a child of the context; None: a chain (-1, 0, 1,
+    # ...). siblings: how siblings were drawn, "independent" | "without-replacement" |
+    # "deterministic" (minispec/tree.py; on a chain "deterministic" means q is one-hot)
     parents: np.ndarray | None = None
     siblings: str = "independent"
 
@@ -58,7 +70,6 @@ class Drafter:
     """
 
     name = "drafter"  # a short label for statistics and traces
-    tree = False  # True: propose returns trees (Draft.parents), verified by minispec/tree.py
 
     def __init__(self, target) -> None:
         self.target = target
@@ -66,13 +77,16 @@ class Drafter:
         self.calls = 0
 
     def start(self, prompt_ids: list[int], cache) -> None:
-        """A new generation begins from `prompt_ids`. `cache` is the target's KV cache for it,
-        still empty: most drafters ignore it; one built from the target's own layers drafts in it
-        (EarlyExitDrafter). Raise MinispecError if the prompt is one this drafter cannot read."""
+        """A new generation begins from `prompt_ids`: create every piece of per-generation state
+        here (fresh, never reused from an earlier generation: a fork serving another sequence
+        may still hold it). `cache` is the target's KV cache for it, still empty: most drafters
+        ignore it; one built from the target's own layers drafts in it (EarlyExitDrafter).
+        Raise MinispecError if the prompt is one this drafter cannot read."""
         self.calls = 0
 
     def propose(self, context: list[int], gamma: int, warp, rng: np.random.Generator) -> Draft:
-        """Draft g <= gamma tokens (g may be 0) continuing `context`.
+        """Draft continuing `context`: a chain of g <= gamma tokens (g may be 0), or a tree at
+        most gamma deep.
 
         warp(logits [..., V']) -> probabilities [..., V]: the temperature/top-k/top-p the target's
         logits go through, over the V ids generation samples from (a narrower draft vocabulary
@@ -81,23 +95,21 @@ class Drafter:
         """
         raise NotImplementedError(f"{type(self).__name__}.propose")
 
-    def verify_forward(self, tokens: list[int], cache, n_logits: int):
-        """The round's one target call: feed `tokens` at positions cache.length.. (the context
-        tokens the cache lacks, then the drafts), advancing the cache.
+    def verify_forward(self, prefix: list[int], draft: Draft, cache):
+        """The round's one target call: `prefix` (the context tokens the cache lacks: the last
+        one, the whole prompt in round 1) at positions cache.length.., then the draft's n nodes.
 
-        Returns (logits [n_logits, V_target] of the last n_logits positions, the target's last
-        hidden states h [T, D] of every position fed). A drafter that already computed part of
-        this call while drafting may override it to skip that work, with the same result.
+        Returns the target's last hidden states h [len(prefix) + n, D], node i's row in
+        len(prefix) + i. Afterwards cache.length counts the context (it grew by len(prefix))
+        and node i's keys and values wait in slot cache.length + i, until the loop keeps the
+        accepted ones (minispec.tree.keep_path; a chain's stay where they are). A drafter that
+        already computed part of this call while drafting may override it to skip that work,
+        with the same result.
         """
-        h = self.target.hidden(tokens, cache)  # [T, D]
-        return self.target.head(h[-n_logits:]), h  # [n_logits, V], [T, D]
-
-    def verify_tree_forward(self, prefix: list[int], draft: Draft, cache):
-        """A tree drafter's target call: the context tokens the cache lacks and the tree's
-        nodes, in one call with a tree attention mask -> hidden states [len(prefix) + n, D]
-        (see minispec/tree.py: hidden_tree)."""
-        from ..tree import hidden_tree
-
+        if draft.parents is None:  # a chain: a plain causal call
+            h = self.target.hidden(prefix + draft.tokens.tolist(), cache)  # [m + n, D]
+            cache.length -= len(draft.tokens)
+            return h
         return hidden_tree(self.target, prefix, draft.tokens, draft.parents, cache)
 
     def accept(self, context: list[int], hidden) -> None:
@@ -110,56 +122,42 @@ class Drafter:
         """No drafts this round: the round is one plain target step."""
         return Draft(np.empty(0, dtype=np.int64), np.empty((0, self.vocab_size)))
 
-    def for_batch(self) -> BatchDrafting:
-        """This drafter serving a batch of sequences (minispec/batch.py). By default one shallow
-        copy of it per sequence, each started on its own prompt and asked in turn; a drafter with
-        a model overrides this to draft for every sequence in one call per draft step."""
-        return BatchDrafting(self)
+    def draft_step(self):
+        """What one draft step runs, for timing (minispec.batch.calibrate): (model, layers), the
+        model's first `layers` layers (None: all) and its head, or None for a drafter without a
+        forward call."""
+        return None
 
+    # -- serving a batch (minispec/batch.py); the defaults suit every drafter -------------------
 
-class BatchDrafting:
-    """A drafter serving a batch: one drafter state per sequence (a "slot"), and the batch's
-    target call. This default asks each sequence's drafter in turn (a shallow copy of the
-    drafter it was made from, started on that sequence's prompt) and, unless the drafter
-    supplies its own verify_forward, verifies every sequence in one batched target call."""
+    def fork(self) -> Drafter:
+        """A drafter like this one for another sequence of a batch: the same weights and
+        settings; `start` then gives it state of its own."""
+        return copy.copy(self)
 
-    def __init__(self, drafter: Drafter) -> None:
-        self.drafter, self.target = drafter, drafter.target
-        self.name, self.vocab_size = drafter.name, drafter.vocab_size
-        self.slots: dict[int, Drafter] = {}
-        # the target's own forward, or one of the drafter's (early exit reuses its layers)
-        self.own_forward = type(drafter).verify_forward is not Drafter.verify_forward
+    def propose_batch(self, drafters: list[Drafter], contexts, gammas, warp, rngs
+                      ) -> list[Draft]:
+        """`propose` for each sequence of a batch (drafters: their forks of this drafter). A
+        drafter with a model overrides this to draft for all of them in one call per step."""
+        return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
 
-    def start(self, slot: int, prompt_ids: list[int], cache) -> None:
-        """Sequence `slot` joins the batch, with its own target cache."""
-        d = copy.copy(self.drafter)
-        d.start(prompt_ids, cache)
-        self.slots[slot] = d
-
-    def calls(self, slot: int) -> int:
-        return self.slots[slot].calls
-
-    def propose(self, slots, contexts, gammas, warp, rngs) -> list[Draft]:
-        """One Draft per sequence: up to gammas[b] tokens continuing contexts[b]."""
-        return [self.slots[s].propose(c, g, warp, r)
-                for s, c, g, r in zip(slots, contexts, gammas, rngs)]
-
-    def verify_forward(self, slots, tokens, caches, n_logits):
-        """The batch's target call: (logits [n_logits[b], V] per sequence, hidden [T_b, D] per
-        sequence), each as Drafter.verify_forward would give it."""
-        if self.own_forward:
-            out = [self.slots[s].verify_forward(t, c, n)
-                   for s, t, c, n in zip(slots, tokens, caches, n_logits)]
-            return [o[0] for o in out], [o[1] for o in out]
-        hs = batch_hidden(self.target, tokens, caches)  # one call for every sequence
-        return batch_head(self.target, hs, n_logits), hs
-
-    def accept(self, slot: int, context: list[int], hidden) -> None:
-        self.slots[slot].accept(context, hidden)
-
-    def finish(self, slot: int) -> None:
-        """Sequence `slot` left the batch."""
-        del self.slots[slot]
+    def verify_forward_batch(self, drafters: list[Drafter], prefixes, drafts, caches) -> list:
+        """`verify_forward` for each sequence of a batch -> one hidden [m_b + n_b, D] each: every
+        chain in one batched target call (minispec/batched.py), a tree on its own."""
+        if type(self).verify_forward is not Drafter.verify_forward:  # the drafter's own call
+            return [d.verify_forward(p, t, c) for d, p, t, c in
+                    zip(drafters, prefixes, drafts, caches)]
+        chains = [b for b, t in enumerate(drafts) if t.parents is None]
+        out = [None] * len(drafts)
+        fed = [prefixes[b] + drafts[b].tokens.tolist() for b in chains]
+        hs = batch_hidden(self.target, fed, [caches[b] for b in chains]) if chains else []
+        for b, h in zip(chains, hs):
+            caches[b].length -= len(drafts[b].tokens)
+            out[b] = h
+        for b, t in enumerate(drafts):
+            if t.parents is not None:
+                out[b] = drafters[b].verify_forward(prefixes[b], t, caches[b])
+        return out
 
 
 class NoDrafter(Drafter):

@@ -38,7 +38,6 @@ model.layers.0.* (Hugging Face names).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +51,7 @@ from ..safetensors import SafetensorsFile
 from ..sampling import sample
 from ..tree import tree_layers
 from .base import Draft, Drafter
+from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
 
 
@@ -90,7 +90,6 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
-        self.tree = self.shape is not None
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------
@@ -142,7 +141,7 @@ class EagleDrafter(Drafter):
         if g is None:
             return self.empty_draft()
         self.calls += 1
-        if self.tree:
+        if self.shape is not None:
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         for i in range(gamma):
@@ -245,16 +244,8 @@ def _layer_config(target, cfg: dict, source: str) -> ModelConfig:
 def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
     """An EAGLE head from a directory (config.json + model.safetensors) for `target`."""
     path = Path(path)
-    cfg_file, st_file = path / "config.json", path / "model.safetensors"
-    if not cfg_file.is_file() or not st_file.is_file():
-        raise MinispecError(f"{path}: not an EAGLE head directory (expected config.json and "
-                            "model.safetensors)")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise MinispecError(f"{cfg_file}: not valid JSON ({str(e)[:100]})") from None
-    if not isinstance(cfg, dict):
-        raise MinispecError(f"{cfg_file}: expected a JSON object")
+    cfg, st_file = read_head_dir(path, "an EAGLE head")
+    cfg_file = path / "config.json"
     config = _layer_config(target, cfg, str(cfg_file))
     st = SafetensorsFile(st_file)
     shared = {"model.embed_tokens.weight": to_host(target.weights["embed"]),

@@ -11,7 +11,7 @@ import numpy as np
 from ..batched import batch_embed, batch_head, batch_run_layers, split
 from ..errors import MinispecError
 from ..sampling import sample
-from .base import BatchDrafting, Draft, Drafter
+from .base import Draft, Drafter
 
 
 class EarlyExitDrafter(Drafter):
@@ -40,125 +40,101 @@ class EarlyExitDrafter(Drafter):
             raise MinispecError(
                 f"exit_layer: expected an integer in 1..{L - 1} (target "
                 f"{target.name!r} has {L} layers), got {exit_layer!r}")
-        self.k = int(exit_layer)
-        self.cache = None  # the target's, from start
+        self.exit_layer = int(exit_layer)  # k: layers 0..k-1 draft
+        self.target_cache = None  # the target's KV cache, from start: drafting writes into it
         self._pos = 0  # first position drafting fed this round
         self._fed: list[int] = []  # the tokens it fed there, in order
         self._h: list = []  # their layer-k hidden states, one [T, D] piece per draft step
 
     def start(self, prompt_ids, cache) -> None:
         """New generation: draft in the target's cache `cache` from now on."""
-        self.cache, self.calls, self._fed, self._h = cache, 0, [], []
+        self.target_cache, self.calls, self._pos, self._fed, self._h = cache, 0, 0, [], []
 
     def propose(self, context, gamma, warp, rng) -> Draft:
-        """Sample gamma tokens from the early exit, one call of layers 0..k-1 each; the first
-        also feeds what the target cache lacks (the last context token; the prompt at first)."""
-        target, cache = self.target, self.cache
-        pos = cache.length  # the target cache holds context[:pos] in every layer
-        tokens = list(context[pos:])
-        gamma = max(min(gamma, cache.max_len - len(context) + 1), 0)  # feeds < len + gamma - 1
-        self._pos, self._fed, self._h = pos, [], []
-        drafts = np.empty(gamma, dtype=np.int64)
-        q = np.empty((gamma, self.vocab_size))
-        for i in range(gamma):
-            h = target.run_layers(target.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
-            self.calls += 1
-            self._fed += tokens
-            self._h.append(h)
-            q[i] = warp(target.head(h[-1:])[0])  # [V]: only the row we sample from
-            drafts[i] = sample(q[i], rng)
-            pos, tokens = pos + len(tokens), [int(drafts[i])]
-        return Draft(drafts, q)
+        """Sample gamma tokens from the early exit, one call of layers 0..k-1 each (see
+        propose_batch: this is the batch of one)."""
+        return self.propose_batch([self], [context], [gamma], warp, [rng])[0]
 
-    def verify_forward(self, tokens, cache, n_logits):
-        """The target's forward over `tokens`, reusing layers 0..k-1 of the positions drafting
-        fed: their keys and values are already in the cache and their layer-k hidden states were
-        kept; anything else is computed here, so the logits are the target's whatever was drafted.
-        """
-        target = self.target
-        tokens = [int(t) for t in tokens]
-        pos = cache.length
-        parts, n = self.reusable(tokens, cache)
-        if n < len(tokens):  # layers 0..k-1 for what drafting never fed
-            h = target.embed(tokens[n:], pos + n)  # [T - n, D]
-            parts = parts + [target.run_layers(h, cache, pos + n, 0, self.k)]
-        h = parts[0] if len(parts) == 1 else target.xp.concatenate(parts)  # -> [T, D]
-        h = target.run_layers(h, cache, pos, self.k, target.n_layers)  # [T, D]
-        cache.length = pos + len(tokens)
-        self._fed, self._h = [], []
-        return target.head(h[-n_logits:]), h  # [n_logits, V], [T, D]
-
-    def reusable(self, tokens: list[int], cache) -> tuple[list, int]:
-        """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when
-        this round's drafting fed something else)."""
-        n = len(self._fed)
-        if n and cache is self.cache and cache.length == self._pos and tokens[:n] == self._fed:
-            return self._h, n
-        return [], 0
-
-    def for_batch(self) -> BatchEarlyExitDrafting:
-        return BatchEarlyExitDrafting(self)
-
-
-class BatchEarlyExitDrafting(BatchDrafting):
-    """Early exit serving a batch: each draft step is one call of layers 0..k-1 for every
-    sequence still drafting, and the verify call one call of the rest (minispec/batched.py);
-    the bookkeeping per sequence is EarlyExitDrafter's own."""
-
-    def propose(self, slots, contexts, gammas, warp, rngs) -> list[Draft]:
-        target = self.target
-        ds = [self.slots[s] for s in slots]
+    def propose_batch(self, drafters, contexts, gammas, warp, rngs) -> list[Draft]:
+        """Each sequence's chain of drafts, one call of layers 0..k-1 per step for every
+        sequence still drafting (minispec/batched.py). The first call also feeds what a target
+        cache lacks (the last context token; the prompt at first)."""
+        target, k = self.target, self.exit_layer
         feed, gs = [], []
-        for d, c, g in zip(ds, contexts, gammas):
-            d._pos, d._fed, d._h = d.cache.length, [], []
-            feed.append(list(c[d.cache.length:]))
-            gs.append(max(min(g, d.cache.max_len - len(c) + 1), 0))
+        for d, c, g in zip(drafters, contexts, gammas):
+            d._pos, d._fed, d._h = d.target_cache.length, [], []  # it holds c[:pos], all layers
+            feed.append(list(c[d.target_cache.length:]))
+            gs.append(max(min(g, d.target_cache.max_len - len(c) + 1), 0))  # feeds < len + g - 1
         drafts = [np.empty(g, dtype=np.int64) for g in gs]
         qs = [np.empty((g, self.vocab_size)) for g in gs]
         for i in range(max(gs, default=0)):
             live = [b for b, g in enumerate(gs) if g > i]
-            starts = [ds[b]._pos + len(ds[b]._fed) for b in live]
+            starts = [drafters[b]._pos + len(drafters[b]._fed) for b in live]
             sizes = [len(feed[b]) for b in live]
             h = batch_embed(target, [feed[b] for b in live], starts)  # [N, D]
-            h = batch_run_layers(target, h, [ds[b].cache for b in live], starts, sizes, 0,
-                                 ds[0].k)
+            h = self.run_layers(h, [drafters[b].target_cache for b in live], starts, sizes, 0,
+                                k)  # [N, D]: layer k's hidden states
             hs = split(h, sizes)
-            logits = batch_head(target, hs, [1] * len(live))
+            logits = batch_head(target, hs, [1] * len(live))  # [1, V] each
             for b, hb, row in zip(live, hs, logits):
-                d = ds[b]
+                d = drafters[b]
                 d.calls += 1
                 d._fed += feed[b]
                 d._h.append(hb)
-                qs[b][i] = warp(row[0])
+                qs[b][i] = warp(row[0])  # [V]: only the row we sample from
                 drafts[b][i] = sample(qs[b][i], rngs[b])
                 feed[b] = [int(drafts[b][i])]
         return [Draft(t, q) for t, q in zip(drafts, qs)]
 
-    def verify_forward(self, slots, tokens, caches, n_logits):
-        target = self.target
-        ds = [self.slots[s] for s in slots]
-        tokens = [[int(t) for t in ts] for ts in tokens]
+    def verify_forward(self, prefix, draft, cache):
+        """The target's forward over prefix + drafts, reusing layers 0..k-1 of the positions
+        drafting fed (see verify_forward_batch: this is the batch of one)."""
+        return self.verify_forward_batch([self], [prefix], [draft], [cache])[0]
+
+    def verify_forward_batch(self, drafters, prefixes, drafts, caches) -> list:
+        """The target's forward for each sequence, reusing layers 0..k-1 of the positions
+        drafting fed: their keys and values are already in the cache and their layer-k hidden
+        states were kept; anything else is computed here, every sequence in one call of layers
+        0..k-1 and one of layers k..L-1, so the result is the target's whatever was drafted."""
+        target, k = self.target, self.exit_layer
+        tokens = [[int(x) for x in p] + t.tokens.tolist() for p, t in zip(prefixes, drafts)]
         starts = [c.length for c in caches]
-        reused = [d.reusable(ts, c) for d, ts, c in zip(ds, tokens, caches)]
+        reused = [d.reusable(ts, c) for d, ts, c in zip(drafters, tokens, caches)]
         rest = [b for b, ((_, n), ts) in enumerate(zip(reused, tokens)) if n < len(ts)]
         fresh = {}
         if rest:  # layers 0..k-1 for what drafting never fed, every such sequence in one call
             r_tokens = [tokens[b][reused[b][1]:] for b in rest]
             r_starts = [starts[b] + reused[b][1] for b in rest]
             r_sizes = [len(t) for t in r_tokens]
-            h = batch_embed(target, r_tokens, r_starts)
-            h = batch_run_layers(target, h, [caches[b] for b in rest], r_starts, r_sizes, 0,
-                                 ds[0].k)
+            h = batch_embed(target, r_tokens, r_starts)  # [N', D]
+            h = self.run_layers(h, [caches[b] for b in rest], r_starts, r_sizes, 0, k)
             fresh = dict(zip(rest, split(h, r_sizes)))
-        parts = [reused[b][0] + ([fresh[b]] if b in fresh else []) for b in range(len(ds))]
+        parts = [reused[b][0] + ([fresh[b]] if b in fresh else []) for b in range(len(tokens))]
         h = target.xp.concatenate([p for ps in parts for p in ps])  # [N, D]
         sizes = [len(ts) for ts in tokens]
-        h = batch_run_layers(target, h, caches, starts, sizes, ds[0].k, target.n_layers)
-        for d, c, t in zip(ds, caches, sizes):
-            c.length += t
+        h = self.run_layers(h, caches, starts, sizes, k, target.n_layers)  # [N, D]
+        for d, c, p in zip(drafters, caches, prefixes):
+            c.length += len(p)  # the context; the drafts' entries wait after it
             d._fed, d._h = [], []
-        hs = split(h, sizes)
-        return batch_head(target, hs, n_logits), hs
+        return split(h, sizes)
+
+    def run_layers(self, h, caches, starts: list[int], sizes: list[int], start: int, stop: int):
+        """The target's layers start..stop-1 for a batch of sequences (batched.batch_run_layers):
+        every layer computation of this drafter goes through here."""
+        return batch_run_layers(self.target, h, caches, starts, sizes, start, stop)
+
+    def reusable(self, tokens: list[int], cache) -> tuple[list, int]:
+        """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when
+        this round's drafting fed something else)."""
+        n = len(self._fed)
+        if (n and cache is self.target_cache and cache.length == self._pos
+                and tokens[:n] == self._fed):
+            return self._h, n
+        return [], 0
+
+    def draft_step(self):
+        """What one draft step runs, for timing: the target's first k layers and its head."""
+        return self.target, self.exit_layer
 
 
 def default_exit_layer(target) -> int:

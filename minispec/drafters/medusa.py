@@ -24,7 +24,6 @@ Files (`weights/medusa`, made by `weights/train_medusa.py`): config.json with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +33,7 @@ from ..errors import MinispecError
 from ..model import silu
 from ..safetensors import SafetensorsFile
 from .base import Draft, Drafter
+from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
 
 
@@ -45,7 +45,6 @@ class MedusaDrafter(Drafter):
     """
 
     name = "medusa"
-    tree = True
 
     def __init__(self, target, heads, shape=None) -> None:
         super().__init__(target)
@@ -103,17 +102,9 @@ class MedusaDrafter(Drafter):
 def load_medusa(path, target, shape=None) -> MedusaDrafter:
     """Medusa heads from a directory (config.json + model.safetensors) for `target`."""
     path = Path(path)
+    cfg, st_file = read_head_dir(path, "a Medusa heads")
     cfg_file = path / "config.json"
-    if not path.is_dir() or not cfg_file.is_file():
-        raise MinispecError(f"{path}: not a Medusa heads directory (expected config.json and "
-                            "model.safetensors)")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise MinispecError(f"{cfg_file}: not valid JSON ({str(e)[:100]})") from None
-    K, D = cfg.get("medusa_num_heads") if isinstance(cfg, dict) else None, None
-    if isinstance(cfg, dict):
-        D = cfg.get("hidden_size")
+    K, D = cfg.get("medusa_num_heads"), cfg.get("hidden_size")
     for name, value in (("medusa_num_heads", K), ("hidden_size", D)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
             raise MinispecError(f"{cfg_file}: field {name!r} should be a positive integer, got "
@@ -121,7 +112,7 @@ def load_medusa(path, target, shape=None) -> MedusaDrafter:
     if K > 16 or D != target.config.hidden_size:
         raise MinispecError(f"{cfg_file}: expected at most 16 heads of width "
                             f"{target.config.hidden_size} (the target's), got {K} of {D}")
-    st = SafetensorsFile(path / "model.safetensors")
+    st = SafetensorsFile(st_file)
     heads = []
     for k in range(K):
         w, b = f"medusa_head.{k}.weight", f"medusa_head.{k}.bias"

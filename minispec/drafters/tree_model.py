@@ -86,21 +86,19 @@ class TreeModelDrafter(Drafter):
     """
 
     name = "model-tree"
-    tree = True
 
     def __init__(self, target, model, shape=(2, 2, 1, 1)) -> None:
         super().__init__(target)
         check_vocabularies(target, model)
         self.model, self.shape = model, check_shape(shape)
-        self.cache = None
+        self.cache = None  # the draft model's KV cache, made by start
 
     def start(self, prompt_ids, cache) -> None:
         if max(prompt_ids) >= self.model.vocab_size:
             raise MinispecError(f"prompt_ids: token id {max(prompt_ids)} is outside the "
                                 f"vocabulary of draft {self.model.name!r}")
-        if self.cache is None:
-            self.cache = self.model.new_cache()
-        self.cache.rollback(0)
+        self.cache = self.model.new_cache(min(cache.max_len,
+                                              self.model.config.max_position_embeddings))
         self.calls = 0
 
     def propose(self, context, gamma, warp, rng) -> Draft:

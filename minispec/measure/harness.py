@@ -35,21 +35,10 @@ import numpy as np
 
 from ..backend import get_blas_threads, set_blas_threads
 from ..errors import MinispecError
+from ..speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
-
-
-def expected_tokens_per_call(alpha: float, gamma: int) -> float:
-    """Expected tokens one round emits: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1).
-
-    alpha: expected acceptance rate of a draft token; gamma: drafts per round. alpha = 1 gives
-    the limit gamma + 1 (every draft accepted, plus the bonus token).
-    """
-    _check_alpha_gamma(alpha, gamma)
-    if alpha >= 1.0:
-        return float(gamma + 1)
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -73,21 +62,13 @@ def predicted_speedup_measured_verify(alpha: float, gamma: int, c: float, verify
     return expected_tokens_per_call(alpha, gamma) / (gamma * c + verify_ratio)
 
 
-def _check_alpha_gamma(alpha: float, gamma: float) -> None:
-    # gamma may be fractional: the mean drafts per round when gamma varies (gamma="auto")
-    if not 0.0 <= alpha <= 1.0:
-        raise MinispecError(f"alpha: expected an acceptance rate in [0, 1], got {alpha!r}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.number)) or not gamma >= 0:
-        raise MinispecError(f"gamma: expected a number >= 0, got {gamma!r}")
-
-
 def per_token_alpha(results) -> float:
     """alpha = accepted / (accepted + rejections) over every round of `results`
     (GenerationResults); 1.0 when drafts were made and none rejected, 0.0 when nothing was
-    drafted. A rejection is a round that drafted and accepted fewer than it drafted."""
+    drafted. A rejection is a round that kept fewer positions than it drafted (its depth)."""
     rounds = [r for res in results for r in res.stats.rounds if r.drafted]
     accepted = sum(r.accepted for r in rounds)
-    rejections = sum(r.accepted < len(r.drafted) for r in rounds)
+    rejections = sum(r.accepted < r.depth for r in rounds)
     return accepted / (accepted + rejections) if rounds else 0.0
 
 
@@ -261,34 +242,37 @@ def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64
     return {k: times[k] / times[1] for k in ks}
 
 
-class EarlyExitStep:
-    """The early-exit drafter's step as a model for the timing functions: the target's first
-    k layers, then its final norm and head, on a cache of the target's shape."""
+class FirstLayers:
+    """A model's first `layers` layers, then its final norm and head, as a model for the timing
+    functions (the early-exit drafter's step: Drafter.draft_step says which model and layers)."""
 
-    def __init__(self, target, k: int) -> None:
-        self.target, self.k = target, k
-        self.vocab_size, self.device, self.xp = target.vocab_size, target.device, target.xp
+    def __init__(self, model, layers: int) -> None:
+        self.model, self.layers = model, layers
+        self.vocab_size, self.device, self.xp = model.vocab_size, model.device, model.xp
 
     def new_cache(self, max_len: int | None = None):
-        return self.target.new_cache(max_len)
+        return self.model.new_cache(max_len)
 
     def forward(self, tokens, cache):
-        t, pos = self.target, cache.length
-        h = t.run_layers(t.embed(tokens, pos), cache, pos, 0, self.k)  # [T, D]
+        m, pos = self.model, cache.length
+        h = m.run_layers(m.embed(tokens, pos), cache, pos, 0, self.layers)  # [T, D]
         cache.length = pos + h.shape[0]
-        return t.head(h[-1:])  # [1, V]: the row a draft is sampled from
+        return m.head(h[-1:])  # [1, V]: the row a draft is sampled from
 
 
-def draft_step_model(drafter: str, target, draft_model=None, exit_layer: int | None = None):
-    """What one draft step runs, as a model to time: the draft model, the early exit's layers,
-    or None for a drafter without a forward call (the n-gram lookup)."""
-    from ..drafters import default_exit_layer
+def draft_step_model(drafter, target=None, draft_model=None, exit_layer: int | None = None):
+    """What one draft step runs, as a model to time, asked of the drafter (a Drafter, or a
+    name for make_drafter with these arguments): a model, its first layers (FirstLayers), or
+    None for a drafter without a forward call (the n-gram lookup)."""
+    from ..drafters import Drafter, make_drafter
 
-    if drafter == "model":
-        return draft_model
-    if drafter == "early-exit":
-        return EarlyExitStep(target, exit_layer or default_exit_layer(target))
-    return None
+    if not isinstance(drafter, Drafter):
+        drafter = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
+    step = drafter.draft_step()
+    if step is None:
+        return None
+    model, layers = step
+    return model if layers is None else FirstLayers(model, layers)
 
 
 def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
@@ -407,11 +391,11 @@ def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
 def sum_stats(results) -> dict:
     """Counters summed over GenerationResults, with alpha (per_token_alpha) and the counts it
     comes from."""
-    keys = ("new_tokens", "drafted", "accepted", "target_calls", "draft_calls", "draft_seconds",
-            "verify_seconds", "total_seconds")
+    keys = ("new_tokens", "drafted", "positions", "accepted", "target_calls", "draft_calls",
+            "draft_seconds", "verify_seconds", "total_seconds")
     total = {k: sum(getattr(r.stats, k) for r in results) for k in keys}
     total["rejections"] = sum(1 for r in results for rd in r.stats.rounds
-                              if rd.drafted and rd.accepted < len(rd.drafted))
+                              if rd.drafted and rd.accepted < rd.depth)
     total["rounds_with_drafts"] = sum(1 for r in results for rd in r.stats.rounds if rd.drafted)
     total["alpha"] = per_token_alpha(results)
     return total
