@@ -43,6 +43,11 @@ def resolve(path):
     return SHIPPED / name
 
 
+def path_arg(text: str) -> Path:
+    """An argparse `type` for a model or prompts path: "shipped:NAME" or any path, as a Path."""
+    return Path(resolve(text))
+
+
 def display(path) -> str:
     """A path as a user would name it: "shipped:NAME" for the shipped models (so no machine's
     absolute path shows in printed reports), any other path as given."""

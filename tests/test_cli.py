@@ -407,3 +407,15 @@ def test_the_drafters_table_aligns_long_method_names():
     assert len(table) == 3
     assert len({line.index("tok/call") + 8 for line in table[:1]} |
                {line.index("2.00") + 4 for line in table[1:]}) == 1  # one right edge
+
+
+@pytest.mark.parametrize("command", ["bench", "sweep", "drafters", "crossover", "serve"])
+def test_measure_help_names_the_shipped_models_not_a_machine_path(command, capsys):
+    from minispec.shipped import SHIPPED
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps long help lines
+    assert "shipped:target" in text
+    assert str(SHIPPED) not in text

@@ -37,14 +37,13 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
 from ..errors import MinispecError
 from ..sampling import Sampling
-from ..shipped import SHIPPED
+from ..shipped import path_arg
 from . import harness
 from .harness import (
     COST_CONTEXT,
@@ -76,10 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
         "cost ratio, verify-cost curve, Theorem 3.8's prediction, the memory-bound floor, and "
         "Hugging Face transformers on the same pair.",
     )
-    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
-    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
-    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
-                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--target", type=path_arg, default="shipped:target",
+                    help="target directory (default: %(default)s)")
+    ap.add_argument("--draft", type=path_arg, default="shipped:draft",
+                    help="draft directory (default: %(default)s)")
+    ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
+                    help="prompt file, prompts.json format or one prompt per line "
+                    "(default: %(default)s)")
     ap.add_argument("--num-prompts", type=int, default=20, help="first N prompts (0 = all)")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
     ap.add_argument("--max-new-tokens", type=int, default=64)

@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +32,7 @@ from ..backend import blas_threads
 from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
 from ..errors import MinispecError
 from ..sampling import Sampling
-from ..shipped import SHIPPED
+from ..shipped import path_arg
 from ..speculative import Request
 from . import harness
 from .sweep import need_matplotlib, save
@@ -242,10 +241,13 @@ def plot(crossover_report: dict | None, serve_report: dict | None, path: str) ->
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=description,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
-    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
-    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
-                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--target", type=path_arg, default="shipped:target",
+                    help="target directory (default: %(default)s)")
+    ap.add_argument("--draft", type=path_arg, default="shipped:draft",
+                    help="draft directory (default: %(default)s)")
+    ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
+                    help="prompt file, prompts.json format or one prompt per line "
+                    "(default: %(default)s)")
     ap.add_argument("--gamma", type=int, default=4, help="speculative decoding's fixed gamma")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per sequence")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")

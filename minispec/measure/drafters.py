@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +28,7 @@ from ..drafters import NoDrafter, make_drafter
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
 from ..sampling import Sampling
-from ..shipped import SHIPPED
+from ..shipped import path_arg
 from ..speculative import Request, generate
 from ..tree import hidden_tree
 from . import harness
@@ -161,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="minispec drafters", description="Every drafter side by side on the held-out "
         "prompts: tokens per target call, cost per round, speedup; a tree's verify cost.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--target", type=Path, default=SHIPPED / "target", help="target directory")
-    ap.add_argument("--draft", type=Path, default=SHIPPED / "draft", help="draft directory")
-    ap.add_argument("--prompts", type=Path, default=SHIPPED / "prompts.json",
-                    help="prompt file (prompts.json format, or one prompt per line)")
+    ap.add_argument("--target", type=path_arg, default="shipped:target",
+                    help="target directory (default: %(default)s)")
+    ap.add_argument("--draft", type=path_arg, default="shipped:draft",
+                    help="draft directory (default: %(default)s)")
+    ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
+                    help="prompt file, prompts.json format or one prompt per line "
+                    "(default: %(default)s)")
     ap.add_argument("--num-prompts", type=int, default=10, help="prompts used")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--gamma", type=int, default=4, help="chain length / tree depth")

@@ -222,12 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Speculative decoding at gamma = 1..8: measured speedup beside Theorem "
         "3.8's prediction from the measured alpha and c, and the best gamma.")
     ap.add_argument("--target", type=Path, default=None,
-                    help=f"target directory (default {SHIPPED / 'target'})")
+                    help="target directory (default: shipped:target)")
     ap.add_argument("--draft", type=Path, default=None,
-                    help=f"draft directory for --drafter model (default {SHIPPED / 'draft'})")
+                    help="draft directory for --drafter model (default: shipped:draft)")
     ap.add_argument("--prompts", type=Path, default=None,
-                    help=f"prompt file, prompts.json format or one per line "
-                    f"(default {SHIPPED / 'prompts.json'})")
+                    help="prompt file, prompts.json format or one per line "
+                    "(default: shipped:prompts.json)")
     ap.add_argument("--num-prompts", type=int, default=10, help="first N prompts (0 = all)")
     ap.add_argument("--drafter", choices=CHAIN_DRAFTERS, default="model",
                     help="a chain drafter (trees: minispec drafters)")
