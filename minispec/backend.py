@@ -173,10 +173,18 @@ def _compiled() -> bool:
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time.
+    # The first 2 cache lines of each of the next 8 weight rows are prefetched: the hardware
+    # prefetcher needs a few misses to pick up a stream, and 8 short streams start per block
+    # (about 10% faster on the shipped target, measured; more lines or blocks ahead were not).
     f, d = wt.shape
     x0 = x[0]
+    lines = min(2, (d + 15) // 16)
     for o in range(0, f - f % 8, 8):
+        if o + 16 <= f:
+            for j in range(8):
+                for c in range(lines):
+                    _prefetch(wt, o + 8 + j, c * 16)
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
         w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
