@@ -89,8 +89,8 @@ def to_host(a) -> np.ndarray:
 KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
 
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
-_kernels: tuple | None = None  # (one row, several rows), compiled on first use; () without numba
-_prefetch = _rest = None  # numba functions the kernels call, made with them
+_kernels: tuple | None = None  # (1 row, 2..8 rows, 9+ rows), compiled on first use; () if no numba
+_prefetch = _eight = _tail = None  # numba functions the kernels call, made with them
 
 
 def matmul(x, w):
@@ -123,9 +123,10 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and w [D_in, D_out] "
                             f"stored [D_out, D_in], got x {x.dtype} {x.shape}, w {w.dtype} "
                             f"{w.shape} (C-contiguous transpose: {w.T.flags.c_contiguous})")
-    one_row, rows = _kernels
-    y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
-    (one_row if x.shape[0] == 1 else rows)(np.ascontiguousarray(x), w.T, y)
+    t = x.shape[0]
+    kernel = _kernels[0 if t == 1 else 1 if t <= 8 else 2]
+    y = np.empty((t, w.shape[1]), dtype=np.float32)  # [T, D_out]
+    kernel(np.ascontiguousarray(x), w.T, y)
     return y
 
 
@@ -149,7 +150,7 @@ def kernel_available() -> bool:
 def _compiled() -> bool:
     # numba is imported on the first product, not with minispec; the machine code comes from
     # numba's cache (cache=True) after the first run on a machine
-    global _kernels, _prefetch, _rest
+    global _kernels, _prefetch, _eight, _tail
     if _kernels is None:
         try:
             import numba
@@ -157,20 +158,33 @@ def _compiled() -> bool:
             _kernels = ()
         else:
             jit = numba.njit(fastmath=True, cache=True)
-            _prefetch, _rest = _prefetch_intrinsic(numba), jit(_rest_kernel)
-            _kernels = (jit(_one_row_kernel), jit(_rows_kernel))
+            _prefetch, _eight = _prefetch_intrinsic(numba), jit(_eight_rows_kernel)
+            _tail = jit(_tail_kernel)
+            _kernels = (jit(_one_row_kernel), _eight, jit(_rows_kernel))
     return bool(_kernels)
 
 
 # The kernels are plain Python, compiled by numba (fastmath lets LLVM keep 8 partial sums per
-# dot product in one AVX register). Kept apart from matmul so a reader can skip them.
+# dot product in one AVX register). Kept apart from matmul so a reader can skip them. Each has
+# 8 accumulators in its inner loop, so LLVM vectorizes each dot product the same way (8 lanes,
+# not unrolled further) and a row's result is the same bits in all three: 1, 2..8 or 9..32 rows
+# (tests/test_backend.py checks it on the models' shapes). A loop with fewer accumulators gets
+# unrolled into 16 or 32 partial sums and rounds differently.
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time.
+    # The first 2 cache lines of each of the next 8 weight rows are prefetched: the hardware
+    # prefetcher needs a few misses to pick up a stream, and 8 short streams start per block
+    # (about 10% faster on the shipped target, measured; more lines or blocks ahead were not).
     f, d = wt.shape
     x0 = x[0]
+    lines = min(2, (d + 15) // 16)
     for o in range(0, f - f % 8, 8):
+        if o + 16 <= f:
+            for j in range(8):
+                for c in range(lines):
+                    _prefetch(wt, o + 8 + j, c * 16)
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
         w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
@@ -186,11 +200,38 @@ def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
             a7 += w7[i] * v
         y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
         y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
-    _rest(x, wt, y, f - f % 8)
+    _tail(x, wt, y, f - f % 8)
+
+
+def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [T <= 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: one output x 8 rows in registers
+    # (missing rows repeat the last one). The weights are read once, as one sequential stream,
+    # which the hardware prefetcher follows best; the x rows stay in the L1/L2 cache. 9 loads
+    # per 8 multiply-adds (and padding to 8 rows): for more rows _rows_kernel is faster.
+    t, d = x.shape
+    last = t - 1
+    x0, x1, x2, x3 = x[0], x[min(1, last)], x[min(2, last)], x[min(3, last)]
+    x4, x5, x6, x7 = x[min(4, last)], x[min(5, last)], x[min(6, last)], x[min(7, last)]
+    for o in range(wt.shape[0]):
+        w0 = wt[o]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for i in range(d):
+            v = w0[i]
+            a0 += v * x0[i]
+            a1 += v * x1[i]
+            a2 += v * x2[i]
+            a3 += v * x3[i]
+            a4 += v * x4[i]
+            a5 += v * x5[i]
+            a6 += v * x6[i]
+            a7 += v * x7[i]
+        acc = (a0, a1, a2, a3, a4, a5, a6, a7)
+        for r in range(t):
+            y[r, o] = acc[r]
 
 
 def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [T, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
+    # x [T > 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
     # 4 weight rows are read from memory once, then from the L1 cache for the other row pairs;
     # meanwhile the next 4 rows are prefetched, a share per pass, so the memory keeps streaming
     # while the core multiplies (the hardware prefetcher sees no misses during those passes).
@@ -223,17 +264,13 @@ def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
             y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
             if r + 1 < t:
                 y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
-    _rest(x, wt, y, f - f % 4)
+    _tail(x, wt, y, f - f % 4)
 
 
-def _rest_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
-    # the outputs start.. that do not fill a block: one dot product at a time
-    for o in range(start, wt.shape[0]):
-        for r in range(x.shape[0]):
-            a = np.float32(0)
-            for i in range(x.shape[1]):
-                a += wt[o, i] * x[r, i]
-            y[r, o] = a
+def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
+    # the outputs start.. that do not fill a block: the 8-rows loop, 8 rows at a time
+    for r in range(0, x.shape[0], 8):
+        _eight(x[r:r + 8], wt[start:], y[r:r + 8, start:])
 
 
 def _prefetch_intrinsic(numba):

@@ -59,16 +59,17 @@ def test_few_rows_equal_numpy_at_every_shape(name):
 
 
 @needs_numba
-def test_a_row_does_not_depend_on_the_rows_beside_it():
-    # 2..32 rows: every row goes through the same loop, so a verify call's products equal, bit
-    # for bit, the same rows sent alone or in another group; one row has its own loop (close)
-    w = weight(512, 1376)
-    x = RNG.standard_normal((9, 512), dtype=np.float32)
+@pytest.mark.parametrize("name", ["target up", "odd"])
+def test_a_row_does_not_depend_on_the_rows_beside_it(name):
+    # 1, 2..8 and 9..32 rows go through three loops that sum each dot product in the same order,
+    # so a verify call's products equal, bit for bit, the same rows sent alone or in another group
+    w = weight(*SHAPES[name])
+    x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
     y = matmul(x, w)
-    np.testing.assert_array_equal(y[3:5], matmul(x[3:5], w))
-    np.testing.assert_array_equal(y[:8], matmul(x[:8], w))
+    for t in range(1, KERNEL_MAX_ROWS):
+        np.testing.assert_array_equal(y[:t], matmul(x[:t], w))
+        np.testing.assert_array_equal(y[t:], matmul(x[t:], w))
     np.testing.assert_array_equal(y[[4, 4]], matmul(x[[4, 4]], w))
-    np.testing.assert_allclose(y[4:5], matmul(x[4:5], w), rtol=1e-5, atol=1e-6)
 
 
 @needs_numba
