@@ -43,7 +43,7 @@ import numpy as np
 from ..backend import blas_threads, kernel_available, use_kernel
 from ..errors import MinispecError
 from ..sampling import Sampling
-from ..shipped import path_arg
+from ..shipped import display, path_arg
 from . import harness
 from .harness import (
     COST_CONTEXT,
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> dict:
     draft = load(args.draft, device=args.device)
     if target.tokenizer is not None and args.prompts.exists():
         texts = load_prompts(args.prompts, args.num_prompts or None)
-        prompts, prompt_source = encode_prompts(texts, target.tokenizer), str(args.prompts)
+        prompts, prompt_source = encode_prompts(texts, target.tokenizer), display(args.prompts)
     elif target.tokenizer is None:
         prompts = synthetic_prompts(min(target.vocab_size, draft.vocab_size),
                                     args.num_prompts or 20)
@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> dict:
     report: dict = {
         "machine": machine_info(),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "settings": {"target": str(args.target), "draft": str(args.draft),
+        "settings": {"target": display(args.target), "draft": display(args.draft),
                      "prompts": prompt_source, "num_prompts": len(prompts),
                      "prompt_tokens": [min(lens), max(lens)],
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
