@@ -1,4 +1,4 @@
-"""Bad input gets MinispecError, every time: a few hundred cases of the fuzz campaign
+"""Bad input gets MinispecError, every time: 140 cases of the fuzz campaign
 (tests/fuzz.py: mutated checkpoints, configs, tokenizers, FIFOs, generation parameters, verify
 arguments, each in its own process with a memory cap and a timeout), and property tests of the
 public API with hypothesis."""
@@ -16,10 +16,12 @@ from minispec.errors import MinispecError
 
 
 def test_a_few_hundred_mutated_inputs_end_in_minispec_error_or_a_valid_result():
-    report = campaign(240, seed=7, jobs=2, quiet=True)
+    # 20 cases of each of the 7 kinds here (the suite's time budget); python tests/fuzz.py runs
+    # thousands
+    report = campaign(140, seed=7, jobs=2, quiet=True)
     counts = report["counts"]
-    assert sum(counts.values()) == 240
-    assert counts.get("error", 0) > 100  # the mutations do reach the checks
+    assert sum(counts.values()) == 140
+    assert counts.get("error", 0) > 60  # the mutations do reach the checks
     for outcome in ("other", "hang", "memory", "crash", "silent"):
         assert counts.get(outcome, 0) == 0, (outcome, report["examples"].get(outcome))
     assert report["peak_rss_mb"]["max"] < 1500
