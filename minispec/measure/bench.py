@@ -13,6 +13,8 @@ report can say where theory and measurement agree and where they part.
     minispec bench --json > bench.json      # the same, for machines
     minispec bench --plot verify_cost.png   # and the verify-cost curve, drawn
     minispec bench --gamma auto --hf off --num-prompts 50 --repeats 5
+    minispec bench --target DIR --draft none  # no draft model: prompt lookup and early exit,
+                                              # beside transformers' prompt lookup
 
 Every quantity is measured by the one harness (minispec/measure/harness.py), the same way
 `minispec sweep` measures it: run both on one pair and they report the same c and speedup.
@@ -435,14 +437,19 @@ def format_without_draft(report: dict) -> str:
         lines.append(f"  {name:<26} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
                      f"{'-' if per_call is None else f'{per_call:.2f}':>8} "
                      f"{row['speedup']:7.2f}x")
-    if report["greedy_agreement"]:
-        lines += ["", "greedy outputs (T = 0)"]
-        for key, a in report["greedy_agreement"].items():
-            where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
-                              for d in a["differences"][:5])
-            lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
-                         + (f" (differ: {where})" if where else ""))
+    lines += _agreement_lines(report["greedy_agreement"], "greedy outputs (T = 0)")
     return "\n".join(lines)
+
+
+def _agreement_lines(agreement: dict, heading: str = "greedy outputs") -> list[str]:
+    """The greedy agreement checks (_agreement's), one line each, under `heading`."""
+    lines = ["", heading] if agreement else []
+    for key, a in agreement.items():
+        where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
+                          for d in a["differences"][:5])
+        lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
+                     + (f" (differ: {where})" if where else ""))
+    return lines
 
 
 def _products(model) -> str:
@@ -708,13 +715,7 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
-    if report["greedy_agreement"]:
-        lines += ["", "greedy outputs"]
-        for key, a in report["greedy_agreement"].items():
-            where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
-                              for d in a["differences"][:5])
-            lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
-                         + (f" (differ: {where})" if where else ""))
+    lines += _agreement_lines(report["greedy_agreement"])
     lines += ["", "aims"]
     for key, a in report["aims"].items():
         lines.append(f"  [{'met' if a['met'] else 'NOT met':>7}] {key}: {a['value']:.2f}")
