@@ -185,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="the command's options")
     args = ap.parse_args(argv)
     try:
-        target = model_dir(args.gguf, args.model, args.cache)
+        if {"-h", "--help"} & set(args.rest):  # the command's help: nothing to convert for it
+            target = Path(args.model or args.cache or default_cache())
+        else:
+            target = model_dir(args.gguf, args.model, args.cache)
         if args.command == "demo":
             return demo(target, args.rest)
         from .measure import bench, drafters

@@ -87,11 +87,15 @@ def test_a_missing_package_says_how_to_install_it(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-def test_demo_answers_a_chat_prompt(smollm2_dir, capsys):
+def test_demo_answers_a_chat_prompt_from_the_cache_as_it_is(smollm2_dir, capsys):
+    weights = smollm2_dir / "model.safetensors"
+    written = weights.stat().st_mtime_ns
     argv = ["--cache", str(smollm2_dir), "demo", "--chat", "--prompt",
             "What is the capital of France?", "--max-new-tokens", "8"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
+    assert weights.stat().st_mtime_ns == written  # the conversion was reused, not redone
+    out, err = capsys.readouterr()
+    assert "converting" not in err
     assert "<|im_start|>assistant\nThe capital of France is Paris" in out
     assert "speculative (ngram drafter)" in out
 
