@@ -101,14 +101,15 @@ def test_demo_answers_a_chat_prompt_from_the_cache_as_it_is(smollm2_dir, capsys)
 
 
 def test_bench_runs_on_smollm2_greedy_identical(smollm2_dir, capsys):
-    # --model: the converted directory used as it is; 1 prompt, 8 new tokens
+    # --model: the converted directory used as it is; 1 prompt, 8 new tokens (transformers'
+    # side of --draft none is tested on a tiny model in test_bench.py: here it would cost 12 s)
     assert main(["--model", str(smollm2_dir), "bench", "--quick", "--hf", "off"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[1]: line.split() for line in out.splitlines()
-            if line.split()[:1] == ["minispec"] and len(line.split()) == 6}
-    assert set(rows) == {"autoregressive", "ngram", "early-exit"}
-    for name in ("ngram", "early-exit"):
-        assert f"minispec {name} vs minispec autoregressive: 1/1 identical" in out
-        assert 1.0 <= float(rows[name][4]) <= 5.0  # tokens per target call: at most gamma + 1
-    assert float(rows["autoregressive"][4]) == 1.0
-    assert "hf generate" not in out
+    rows = {" ".join(line.split()[:-4]): line.split()[-4:] for line in out.splitlines()
+            if line.startswith(("  minispec ", "  hf ")) and line.endswith("x")}
+    methods = ["minispec autoregressive", "minispec ngram", "minispec early-exit"]
+    assert list(rows) == methods
+    for name in methods[1:]:
+        assert f"{name} vs minispec autoregressive: 1/1 identical" in out
+        assert 1.0 <= float(rows[name][2]) <= 5.0  # tokens per target call: at most gamma + 1
+    assert float(rows["minispec autoregressive"][2]) == 1.0

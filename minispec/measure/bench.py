@@ -342,8 +342,13 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
     target = load(args.target, device=args.device)
-    prompts = encode_prompts(load_prompts(args.prompts, args.num_prompts or None),
-                             target.tokenizer)
+    if target.tokenizer is None:  # as run() does
+        prompts = synthetic_prompts(target.vocab_size, args.num_prompts or 20)
+        prompt_source = "synthetic (random ids: the target has no tokenizer)"
+    else:
+        prompts = encode_prompts(load_prompts(args.prompts, args.num_prompts or None),
+                                 target.tokenizer)
+        prompt_source = str(args.prompts)
     lens = [len(p) for p in prompts]
     context = int(np.mean(lens)) + args.max_new_tokens // 2
     sampling = Sampling(args.temperature)
@@ -351,7 +356,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     steps = 3 if args.quick else 20
     report: dict = {
         "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "settings": {"target": str(args.target), "draft": None, "prompts": str(args.prompts),
+        "settings": {"target": str(args.target), "draft": None, "prompts": prompt_source,
                      "num_prompts": len(prompts), "prompt_tokens": [min(lens), max(lens)],
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                      "gamma": gamma, "repeats": args.repeats, "device": target.device,
