@@ -103,7 +103,7 @@ def matmul(x, w):
     if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
             and x.dtype == np.float32 and w.dtype == np.float32 and w.ndim == 2
             and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
-        return few_rows_matmul(x, w)
+        return _run_kernel(x, w)  # the checks few_rows_matmul makes were just made
     return x @ w
 
 
@@ -123,6 +123,10 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and w [D_in, D_out] "
                             f"stored [D_out, D_in], got x {x.dtype} {x.shape}, w {w.dtype} "
                             f"{w.shape} (C-contiguous transpose: {w.T.flags.c_contiguous})")
+    return _run_kernel(x, w)
+
+
+def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     t = x.shape[0]
     kernel = _kernels[0 if t == 1 else 1 if t <= 8 else 2]
     y = np.empty((t, w.shape[1]), dtype=np.float32)  # [T, D_out]
