@@ -16,9 +16,10 @@ SmolLM2-135M-Instruct (converted by `python -m minispec real`) are the two it wa
    in F16; training never reruns the target. The target's distribution at a position is
    lm_head(norm(feature)), recomputed per batch from the feature (cheap: one matmul).
 3. **Draft vocabulary** (FR-Spec, `--draft-vocab N`): the N tokens most frequent in the generated
-   continuations (plus the EOS ids). A head's logits are computed only over those rows of the
-   target's LM head (q is 0 elsewhere); the loss is KL(p || q) with p the target's distribution
-   restricted to the cut and renormalised. `--draft-vocab 0` keeps the whole vocabulary.
+   continuations (plus the EOS ids; ties broken by the prompts' tokens). A head's logits are
+   computed only over those rows of the target's LM head (q is 0 elsewhere); the loss is
+   KL(p || q) with p the target's distribution restricted to the cut and renormalised.
+   `--draft-vocab 0` keeps the whole vocabulary.
 4. **EAGLE** (Li et al. 2024; EAGLE-3's training-time test): fc [2D -> D] over (feature f_i,
    embedding of x_{i+1}), one Llama decoder layer of the target's shape and RoPE theta, whose
    output g_{i+1} guesses f_{i+1}; the target's final norm and (cut) LM head give q. With
@@ -347,6 +348,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reg", type=float, default=0.1, help="weight of EAGLE's feature loss")
     ap.add_argument("--noise", type=float, default=0.02,
                     help="uniform noise on EAGLE's input features (fraction of their std)")
+    ap.add_argument("--ce", type=float, default=0.0,
+                    help="weight of a cross-entropy on the target's argmax token (greedy drafts)")
+    ap.add_argument("--init-eagle", default=None,
+                    help="start EAGLE from this head (a directory this script wrote)")
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--data-cache", default=None,
                     help="a .pt file: reuse the sequences and features saved there, else save them")
@@ -442,7 +447,9 @@ def main(argv: list[str] | None = None) -> None:
     gen_tokens = np.concatenate([s[L:] for s, L in train])
     held_tokens = np.concatenate([s[L:] for s, L in evals])
     if args.draft_vocab and args.draft_vocab < V:
-        counts = np.bincount(gen_tokens, minlength=V)
+        # frequency in the continuations; ties (often: unseen tokens) broken by the prompts'
+        counts = np.bincount(gen_tokens, minlength=V) * (1 << 20) + np.bincount(
+            np.concatenate([s[:L] for s, L in train]), minlength=V)
         counts[eos] = counts.max() + 1  # EOS always proposable
         cut = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int64)
     else:
@@ -498,6 +505,14 @@ def main(argv: list[str] | None = None) -> None:
                  "rope_theta": float(rope_theta)}
         layer = build_layer(shape)
         fc = torch.nn.Linear(2 * D, D)
+        if args.init_eagle:  # continue a run: the weights this script saved (F16)
+            from safetensors.torch import load_file
+
+            saved = load_file(str(Path(args.init_eagle) / "model.safetensors"))
+            fc.load_state_dict({"weight": saved["fc.weight"].float(),
+                                "bias": saved["fc.bias"].float()})
+            layer.load_state_dict({k[len("model.layers.0."):]: v.float()
+                                   for k, v in saved.items() if k.startswith("model.layers.0.")})
         embed = target.model.embed_tokens
         params = list(layer.parameters()) + list(fc.parameters())
         opt = torch.optim.AdamW(params, lr=args.eagle_lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -514,7 +529,11 @@ def main(argv: list[str] | None = None) -> None:
             loss, kls = 0.0, []
             for s, g in enumerate(outs):
                 m = valid * (torch.arange(T - 1)[None] >= s).float()
-                k_s = kl(p_log, F.log_softmax(logits(g), dim=-1), m)
+                logq = F.log_softmax(logits(g), dim=-1)
+                k_s = kl(p_log, logq, m)
+                if args.ce:  # the target's argmax: what a greedy draft must say
+                    top = logq.gather(-1, p_log.argmax(-1, keepdim=True))[..., 0]
+                    loss = loss - args.ce * (top * m).sum() / m.sum().clamp(min=1)
                 reg = (F.smooth_l1_loss(g, f[:, 1:], reduction="none").mean(-1) * m).sum() \
                     / m.sum().clamp(min=1)
                 loss = loss + k_s + args.reg * reg
@@ -561,7 +580,8 @@ def main(argv: list[str] | None = None) -> None:
                   "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
                            f"layer), trained with a {args.ttt}-step training-time test; "
                            "weights/train_heads.py",
-                  "training": {**report, "ttt": args.ttt, "epochs": args.eagle_epochs,
+                  "training": {**report, "init": args.init_eagle, "ce": args.ce,
+                               "ttt": args.ttt, "epochs": args.eagle_epochs,
                                "steps": len(plan), "batch": args.batch, "lr": args.eagle_lr,
                                "reg": args.reg, "noise": args.noise, "seed": args.seed,
                                **times}}
