@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="start EAGLE from this head (a directory this script wrote)")
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--data-cache", default=None,
-                    help="a .pt file: reuse the sequences and features saved there, else save them")
+                    help="a .pt file: reuse the sequences and features saved there, else save "
+                         "them; several, comma-separated: train on all of them (each made before)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a ~1 minute smoke run")
@@ -389,10 +390,17 @@ def main(argv: list[str] | None = None) -> None:
                   if i is not None})
 
     # -- 1. data -----------------------------------------------------------------------------
-    cache = Path(args.data_cache) if args.data_cache else None
-    if cache is not None and cache.is_file():
-        data = torch.load(cache, weights_only=False)
-        print(f"data: {len(data['train'])} + {len(data['eval'])} sequences from {cache}")
+    caches = [Path(c) for c in args.data_cache.split(",")] if args.data_cache else []
+    cache = caches[0] if len(caches) == 1 else None  # where a new data set is saved
+    if caches and all(c.is_file() for c in caches):  # several: joined, the first's eval set
+        parts = [torch.load(c, weights_only=False) for c in caches]
+        data = {k: sum((d[k] for d in parts), []) for k in ("train", "feats")}
+        data.update(eval=parts[0]["eval"], eval_feats=parts[0]["eval_feats"])
+        print(f"data: {len(data['train'])} + {len(data['eval'])} sequences from "
+              f"{args.data_cache}")
+    elif len(caches) > 1:
+        raise SystemExit(f"--data-cache: {', '.join(str(c) for c in caches if not c.is_file())}"
+                         " missing (only a single file is made)")
     else:
         if args.data == "code":  # train.py's generator: fixed-length batches, BOS + prefix
             made = recipe.onpolicy_sequences(target, tok, train_files, n=args.seqs,
