@@ -53,6 +53,7 @@ from ..tree import tree_layers
 from .base import Draft, Drafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
+from .vocab import DraftHead, read_draft_vocab
 
 
 class EagleDrafter(Drafter):
@@ -61,12 +62,14 @@ class EagleDrafter(Drafter):
     layer: a one-layer Model (its embedding, final norm and head are the target's); fc_w
     [2D, D] and fc_b [D] fuse a feature and a token embedding into the layer's input. shape:
     None for a chain, or children per depth for a tree; dynamic: (beam, nodes) for EAGLE-2's
-    dynamic tree (with shape giving the children of each expanded node per depth).
+    dynamic tree (with shape giving the children of each expanded node per depth); draft_vocab:
+    the token ids the head may propose (ascending; None: all of them), see vocab.py.
     """
 
     name = "eagle"
 
-    def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None) -> None:
+    def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None,
+                 draft_vocab=None) -> None:
         super().__init__(target)
         D = target.config.hidden_size
         if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
@@ -90,6 +93,7 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
+        self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------
@@ -145,7 +149,7 @@ class EagleDrafter(Drafter):
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         for i in range(gamma):
-            logits = to_host(self.target.head(g))[:, : self.vocab_size]  # [1, V]
+            logits = self.draft_head(g)  # [1, V]
             q.append(warp(logits)[0])
             tokens.append(sample(q[-1], rng))
             if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
@@ -166,7 +170,7 @@ class EagleDrafter(Drafter):
         # candidates are always the top-k, a function of the context alone
         mode = "deterministic" if self.dynamic is not None else None
         for d, k in enumerate(levels):
-            logits = to_host(self.target.head(feats))[:, : self.vocab_size]  # [F, V]
+            logits = self.draft_head(feats)  # [F, V]
             probs = warp(logits)
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
             mode = mode or sibling_mode(probs[0])
@@ -268,11 +272,12 @@ def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
             raise MinispecError(f"{st_file}: tensor {name!r} has shape {list(a.shape)}, "
                                 f"expected {list(shape_)}")
     for name in st.keys():
-        if not np.isfinite(st.get(name)).all():
+        if name != "draft_vocab" and not np.isfinite(st.get(name)).all():
             raise MinispecError(f"{st_file}: tensor {name!r} holds NaN or infinite values")
     layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
                   name=f"eagle:{path.name}")
-    return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic)
+    return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
+                        read_draft_vocab(st, cfg, cfg_file))
 
 
 def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,

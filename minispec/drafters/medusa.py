@@ -35,18 +35,20 @@ from ..safetensors import SafetensorsFile
 from .base import Draft, Drafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
+from .vocab import DraftHead, read_draft_vocab
 
 
 class MedusaDrafter(Drafter):
     """Draft a tree from K Medusa heads on the target's last hidden state.
 
     heads: K pairs (W [D, D] out x in, b [D]) as host or device arrays. shape: the children per
-    depth, at most K deep; default (1,) * K, a chain of each head's top token.
+    depth, at most K deep; default (1,) * K, a chain of each head's top token. draft_vocab: the
+    token ids the heads may propose (ascending; None: all of them), see vocab.py.
     """
 
     name = "medusa"
 
-    def __init__(self, target, heads, shape=None) -> None:
+    def __init__(self, target, heads, shape=None, draft_vocab=None) -> None:
         super().__init__(target)
         xp, D = target.xp, target.config.hidden_size
         self.heads = []
@@ -64,6 +66,7 @@ class MedusaDrafter(Drafter):
         if len(self.shape) > len(self.heads):
             raise MinispecError(f"medusa tree: {len(self.shape)} levels asked for, but only "
                                 f"{len(self.heads)} heads")
+        self.draft_head = DraftHead(target, draft_vocab, "medusa draft_vocab")
         self.h, self.seen = None, 0  # the last hidden state, and the context length it is for
 
     def start(self, prompt_ids, cache) -> None:
@@ -77,7 +80,7 @@ class MedusaDrafter(Drafter):
         """Each head's logits from the last hidden state -> [K, V] (host)."""
         xp, h = self.target.xp, self.h
         z = xp.stack([h + silu(xp, h @ w + b) for w, b in self.heads])  # [K, D]
-        return to_host(self.target.head(z))[:, : self.vocab_size]  # [K, V]
+        return self.draft_head(z)  # [K, V]
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         levels = self.shape[:gamma]
@@ -124,7 +127,7 @@ def load_medusa(path, target, shape=None) -> MedusaDrafter:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise MinispecError(f"{path / 'model.safetensors'}: medusa head {k} holds NaN or "
                                 "infinite values")
-    return MedusaDrafter(target, heads, shape)
+    return MedusaDrafter(target, heads, shape, read_draft_vocab(st, cfg, cfg_file))
 
 
 def random_medusa(target, n_heads: int = 4, *, seed: int = 0, scale: float = 0.1,
