@@ -37,11 +37,18 @@ SHIPPED_EAGLE = SHIPPED / "eagle"
 SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
                  "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
 
+# the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
+# `judge --drafter NAME` use: name -> (make_drafter's name, its options)
+PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
+           "medusa": ("medusa", {}), "medusa-tree": ("medusa", {"tree": (2, 2, 1, 1)}),
+           "eagle": ("eagle", {}), "eagle-tree": ("eagle", {"tree": (2, 2, 1, 1)}),
+           "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)})}
+
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EagleDrafter", "EarlyExitDrafter", "MedusaDrafter",
     "ModelDrafter", "NgramDrafter", "load_eagle", "load_medusa", "random_eagle", "random_medusa",
-    "NoDrafter", "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
-    "make_drafter",
+    "NoDrafter", "PRESETS", "TreeModelDrafter", "check_vocabularies", "default_exit_layer",
+    "find_ngram", "make_drafter",
     "sampled_vocab_size",
 ]
 

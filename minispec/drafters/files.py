@@ -26,18 +26,19 @@ def read_head_dir(path, what: str) -> tuple[dict, Path]:
     return cfg, st_file
 
 
-def target_signature(target) -> dict:
-    """What a head's config.json records of the target it was trained for (its "target" field):
-    enough to tell the shipped targets apart and to refuse a head for another model's shape."""
-    c = target.config
+def target_signature(c) -> dict:
+    """What a head's config.json records of the target it was trained for (its "target" field),
+    from the target's ModelConfig: enough to tell the shipped targets apart and to refuse a head
+    for another model's shape."""
     return {"model_type": c.family, "hidden_size": c.hidden_size,
             "num_hidden_layers": c.n_layers, "vocab_size": c.vocab_size}
 
 
 def find_head_dir(candidates, target, what: str) -> Path:
-    """The first directory of `candidates` whose config.json says it was trained for `target`
-    (its "target" field matches target_signature), or MinispecError listing what there is."""
-    want, seen = target_signature(target), []
+    """The first directory of `candidates` whose config.json says it was trained for `target` (a
+    Model or its ModelConfig; the "target" field matches target_signature), or MinispecError
+    listing what there is."""
+    want, seen = target_signature(getattr(target, "config", target)), []
     for path in candidates:
         if not (Path(path) / "config.json").is_file():
             continue
