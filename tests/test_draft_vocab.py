@@ -124,7 +124,7 @@ def _write_medusa(path, drafter, ids, size=None):
         tensors["draft_vocab"] = np.asarray(ids)
     save_file(tensors, path / "model.safetensors")
     cfg = {"medusa_num_heads": len(drafter.heads), "hidden_size": TARGET.config.hidden_size,
-           "target": target_signature(TARGET)}
+           "target": target_signature(TARGET.config)}
     if size is not None:
         cfg["draft_vocab_size"] = size
     (path / "config.json").write_text(json.dumps(cfg))

@@ -46,7 +46,7 @@ from ..backend import to_host
 from ..config import ModelConfig
 from ..errors import MinispecError
 from ..loader import _build_weights, random_model
-from ..model import Model
+from ..model import Model, linear
 from ..safetensors import SafetensorsFile
 from ..sampling import sample
 from ..tree import tree_layers
@@ -79,7 +79,10 @@ class EagleDrafter(Drafter):
                                 f"{layer.config.hidden_size}, {np.shape(fc_w)}, {np.shape(fc_b)}")
         xp = target.xp
         self.layer = layer
-        self.fc_w = xp.asarray(np.asarray(to_host(fc_w), dtype=target.dtype))
+        # stored [D, 2D], one output per row, and used through its transpose, as loader.py
+        # stores the target's weights: the few-rows kernel multiplies it
+        self.fc_w = xp.asarray(np.ascontiguousarray(np.asarray(to_host(fc_w)).T,
+                                                    dtype=target.dtype)).T  # [2D, D]
         self.fc_b = xp.asarray(np.asarray(to_host(fc_b), dtype=target.dtype))
         # a dynamic tree keeps at most `nodes` of the candidates: the shape alone may be larger
         self.shape = None if shape is None else check_shape(
@@ -120,7 +123,7 @@ class EagleDrafter(Drafter):
         """The layer's input: fc(concat(feature, embedding of the token)) -> [T, D]."""
         xp = self.target.xp
         emb = self.target.weights["embed"][xp.asarray(np.asarray(tokens, dtype=np.int64))]
-        return xp.concatenate([feats, emb], axis=1) @ self.fc_w + self.fc_b  # [T, 2D] -> [T, D]
+        return linear(xp.concatenate([feats, emb], axis=1), self.fc_w, self.fc_b)  # -> [T, D]
 
     def catch_up(self, context):
         """Feed the pairs (f_j, x_{j+1}) the layer has not seen, all with true features ->

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import MinispecError
-from ..model import silu
+from ..model import linear, silu
 from ..safetensors import SafetensorsFile
 from .base import Draft, Drafter
 from .files import read_head_dir
@@ -57,7 +57,9 @@ class MedusaDrafter(Drafter):
                 raise MinispecError(f"medusa head {k}: expected weight [{D}, {D}] and bias [{D}] "
                                     f"for a target of width {D}, got {np.shape(w)} and "
                                     f"{np.shape(b)}")
-            self.heads.append((xp.asarray(np.asarray(to_host(w), dtype=target.dtype).T.copy()),
+            # W stays [out, in], used through its transpose (as loader.py stores the target's
+            # weights): the few-rows kernel multiplies it
+            self.heads.append((xp.asarray(np.ascontiguousarray(to_host(w), dtype=target.dtype)).T,
                                xp.asarray(np.asarray(to_host(b), dtype=target.dtype))))
         if not self.heads:
             raise MinispecError("medusa: expected at least one head")
@@ -79,7 +81,7 @@ class MedusaDrafter(Drafter):
     def guesses(self):
         """Each head's logits from the last hidden state -> [K, V] (host)."""
         xp, h = self.target.xp, self.h
-        z = xp.stack([h + silu(xp, h @ w + b) for w, b in self.heads])  # [K, D]
+        z = xp.stack([h + silu(xp, linear(h[None], w, b)[0]) for w, b in self.heads])  # [K, D]
         return self.draft_head(z)  # [K, V]
 
     def propose(self, context, gamma, warp, rng) -> Draft:
