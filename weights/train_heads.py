@@ -1,0 +1,661 @@
+"""Train an EAGLE head and Medusa heads for a frozen Llama target, on the target's own output.
+
+One recipe for any Hugging Face Llama directory: the shipped toy target (`weights/target`) and
+SmolLM2-135M-Instruct (converted by `python -m minispec real`) are the two it was run on.
+
+1. **Data** (self-distillation): the target continues prompts with its KV cache (`generate`,
+   batches, alternately greedy and sampled at temperature 1), so the heads learn what the target
+   will say. Prompts: `--data code`: prefixes of the stdlib TRAINING files (`train.py`'s
+   on-policy generator, as the toy target's draft was trained); `--data chat`: ChatML requests
+   built here from templates x topics, "Write a Python function: <docstring first line>" from
+   the training files' functions, and raw code prefixes of the training files. Nothing of
+   minispec/real.py's benchmark prompts is used (`BENCH_WORDS` filters the training prompts), and
+   a few templates, topics and the held-out stdlib files are kept for an unseen evaluation.
+2. **Features**, computed once: the last decoder layer's output BEFORE the final norm (a forward
+   hook on model.model.layers[-1]: `output_hidden_states[-1]` is after the norm), kept in memory
+   in F16; training never reruns the target. The target's distribution at a position is
+   lm_head(norm(feature)), recomputed per batch from the feature (cheap: one matmul).
+3. **Draft vocabulary** (FR-Spec, `--draft-vocab N`): the N tokens most frequent in the generated
+   continuations (plus the EOS ids; ties broken by the prompts' tokens). A head's logits are
+   computed only over those rows of the target's LM head (q is 0 elsewhere); the loss is
+   KL(p || q) with p the target's distribution restricted to the cut and renormalised.
+   `--draft-vocab 0` keeps the whole vocabulary.
+4. **EAGLE** (Li et al. 2024; EAGLE-3's training-time test): fc [2D -> D] over (feature f_i,
+   embedding of x_{i+1}), one Llama decoder layer of the target's shape and RoPE theta, whose
+   output g_{i+1} guesses f_{i+1}; the target's final norm and (cut) LM head give q. With
+   `--ttt K` the head is unrolled K steps. Step 0 reads the true features. Step s reads, at
+   position i, the guess step s-1 made there (g^{s-1}_i, made at i-1: the step-(s-1) output
+   shifted by one position) with the true token x_{i+1}: along a chain whose drafts were all
+   accepted these are exactly the head's inputs when drafting s+1 tokens ahead. Attention is
+   what drafting sees: the query of step s at position i attends to the step-0 keys of positions
+   <= i - s (made from true features: the context) and to the keys of step t at position
+   i - s + t, t = 1..s (the chain's own guesses), each at its own RoPE position (EAGLE-3's
+   mask; a plain causal mask over the step-s sequence would let it attend to guessed keys at
+   positions where drafting has true ones). Loss on every step s at positions i >= s:
+   KL(p_target(f_{i+1}) || q(g^s_{i+1})) + `--reg` x smooth-L1(g^s_{i+1}, f_{i+1}).
+5. **Medusa** (Cai et al. 2024, Medusa-1): K residual heads h + SiLU(W_k h + b_k) on the
+   feature h_t (W_k starts at 0), target's final norm and (cut) LM head; head k (0-based)
+   guesses x_{t+2+k}: loss KL(p_target(f_{t+1+k}) || q_k), weighted 0.8^k.
+6. **Evaluation** in torch on held-out prompts' greedy continuations: the greedy chain
+   acceptance, how many of a 4-token argmax chain match the target's greedy tokens (each start
+   position), and the draft vocabulary's coverage of those tokens.
+
+Files (what minispec/drafters/eagle.py and medusa.py read), F16: EAGLE config.json (layer shape,
+rope_theta, "target": {model_type, hidden_size, num_hidden_layers, vocab_size}, optional
+"draft_vocab_size") + model.safetensors (fc.weight [D, 2D], fc.bias, model.layers.0.*, optional
+"draft_vocab" int64 [N]); Medusa config.json (medusa_num_heads, hidden_size, target, ...) +
+medusa_head.{k}.weight [D, D] (out x in), medusa_head.{k}.bias, optional "draft_vocab".
+
+Usage (from the repository root; needs torch and transformers)::
+
+    python weights/train_heads.py --target weights/target --out-eagle weights/eagle \
+        --out-medusa weights/medusa                                      # the toy target
+    python weights/train_heads.py --target ~/.cache/minispec/smollm2-135m-instruct --data chat \
+        --draft-vocab 8192 --out-eagle weights/smollm2/eagle --out-medusa weights/smollm2/medusa
+    python weights/train_heads.py --quick --out-eagle /tmp/e --out-medusa /tmp/m   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"  # ChatML, as minispec real
+
+# words of minispec/real.py's benchmark prompts: no training prompt may contain one
+BENCH_WORDS = ("capital", "france", "fibonacci", "past tense", "cat sits", "sky", "prime",
+               "json", "config")
+TEMPLATES = ["Explain {} to a beginner.", "Write a short story about {}.",
+             "Give three tips for {}.", "Summarize what you know about {}.",
+             "What are the advantages and disadvantages of {}?", "Write a poem about {}.",
+             "Describe {} in a few sentences.", "Why is {} important?",
+             "List five facts about {}.", "Write a Python function that works with {}."]
+TOPICS = ["photosynthesis", "the water cycle", "volcanoes", "black holes", "the Roman Empire",
+          "machine learning", "climate change", "healthy eating", "learning a new language",
+          "public speaking", "time management", "the stock market", "electric cars",
+          "the human heart", "vaccines", "the internet", "recycling", "honey bees", "chess",
+          "the moon landing", "earthquakes", "sleep", "coffee", "friendship", "gardening",
+          "renewable energy", "the printing press", "dinosaurs", "the immune system",
+          "sorting algorithms", "linked lists", "binary search", "hash tables", "recursion",
+          "regular expressions", "databases", "unit testing", "version control", "compilers",
+          "operating systems", "a rainy day", "a lost dog", "a lighthouse keeper", "a robot",
+          "a small village", "the ocean", "mountains", "running a marathon", "saving money",
+          "writing an essay", "cooking pasta", "traveling on a budget", "the French Revolution",
+          "Shakespeare", "the piano", "basketball", "rainforests", "glaciers", "bicycles",
+          "strings and lists in Python"]
+HELD_TEMPLATES = ["How would you teach {} to a child?", "Write a letter to a friend about {}."]
+HELD_TOPICS = ["the solar system", "penguins", "matrix multiplication", "a haunted house",
+               "the Great Wall of China", "yoga"]
+
+
+def bench_free(text: str) -> bool:
+    low = text.lower()
+    return not any(w in low for w in BENCH_WORDS)
+
+
+def docstring_lines(files, limit: int) -> list[str]:
+    """First lines of function docstrings (20-100 characters) from the given files."""
+    out = []
+    for _, text in files:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = (ast.get_docstring(node) or "").strip().split("\n")[0].strip()
+                if 20 <= len(doc) <= 100 and bench_free(doc):
+                    out.append(doc)
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def code_prefixes(files, rng, n: int) -> list[str]:
+    """n raw code prefixes: 2-12 whole lines from a def/class line of the given files."""
+    starts = []
+    for _, text in files:
+        lines = text.splitlines(keepends=True)
+        starts += [(lines, i) for i, s in enumerate(lines) if s.lstrip().startswith(("def ",
+                                                                                   "class "))]
+    out = []
+    for j in rng.permutation(len(starts))[: 3 * n]:
+        lines, i = starts[j]
+        text = "".join(lines[i:i + int(rng.integers(2, 12))])
+        if 40 <= len(text) <= 500 and bench_free(text):
+            out.append(text)
+        if len(out) == n:
+            break
+    return out
+
+
+def chat_prompts(train_files, heldout_files, n: int, n_eval: int, rng):
+    """(training prompts, held-out prompts) as text: 1/2 templates x topics, 1/6 docstring
+    requests, 1/3 raw code prefixes; the held-out ones from other templates/topics and from the
+    held-out files."""
+    pairs = [t.format(x) for t in TEMPLATES for x in TOPICS]
+    pairs = [CHAT.format(p) for p in pairs if bench_free(p)]
+    docs = [CHAT.format("Write a Python function: " + d) for d in docstring_lines(train_files, n)]
+    code = code_prefixes(train_files, rng, n // 3)
+    pick = (list(rng.permutation(pairs))[: n // 2] + list(rng.permutation(docs))[: n // 6]
+            + code)
+    held = [CHAT.format(t.format(x)) for t in HELD_TEMPLATES for x in HELD_TOPICS]
+    held = list(rng.permutation(held))[: (2 * n_eval) // 3]
+    held += code_prefixes(heldout_files, rng, n_eval - len(held))
+    return [str(p) for p in rng.permutation(pick)], [str(p) for p in held]
+
+
+def generate(target, prompts, *, batch: int, new_tokens: int, eos, pad: int, seed: int,
+             greedy_only: bool = False):
+    """The target's continuations of `prompts` (lists of ids) -> list of (int64 array of
+    prompt + continuation up to its first EOS, prompt length). Batches alternate greedy /
+    sampled at T=1 (only greedy with greedy_only); prompts are left-padded within a batch."""
+    import torch
+    from transformers import GenerationConfig
+
+    torch.manual_seed(seed)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # little padding
+    out = []
+    for b, lo in enumerate(range(0, len(order), batch)):
+        rows = [prompts[i] for i in order[lo:lo + batch]]
+        L = max(len(r) for r in rows)
+        x = torch.tensor([[pad] * (L - len(r)) + r for r in rows], dtype=torch.int64)
+        mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
+        sample = not greedy_only and b % 2 == 1
+        cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=sample,
+                               temperature=1.0 if sample else None, top_k=0 if sample else None,
+                               top_p=1.0 if sample else None, eos_token_id=list(eos) or None,
+                               pad_token_id=pad, use_cache=True)
+        with torch.no_grad():
+            seq = target.generate(input_ids=x, attention_mask=mask, generation_config=cfg)
+        for r, row in zip(rows, seq[:, L:].numpy()):
+            stop = [j for j, t in enumerate(row) if t in eos]
+            cont = row[: stop[0] + 1] if stop else row
+            out.append((np.array(list(r) + list(cont), dtype=np.int64), len(r)))
+    return out
+
+
+def features(target, seqs, batch: int = 8):
+    """The last decoder layer's output before the final norm for each sequence -> list of F16
+    tensors [L, D] (right-padded batches: attention is causal, so padding changes nothing)."""
+    import torch
+
+    captured = {}
+    hook = target.model.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    out = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    try:
+        for lo in range(0, len(order), batch):
+            idx = order[lo:lo + batch]
+            L = max(len(seqs[i]) for i in idx)
+            x = torch.zeros(len(idx), L, dtype=torch.int64)
+            for r, i in enumerate(idx):
+                x[r, : len(seqs[i])] = torch.from_numpy(seqs[i])
+            with torch.no_grad():
+                target.model(input_ids=x)
+            for r, i in enumerate(idx):
+                out[i] = captured["h"][r, : len(seqs[i])].to(torch.float16).clone()
+    finally:
+        hook.remove()
+    return out
+
+
+def padded(seqs, feats, idx):
+    """A batch: tokens [B, T], features [B, T, D] (float32), lengths [B]."""
+    import torch
+
+    T = max(len(seqs[i]) for i in idx)
+    D = feats[idx[0]].shape[1]
+    x = torch.zeros(len(idx), T, dtype=torch.int64)
+    f = torch.zeros(len(idx), T, D)
+    for r, i in enumerate(idx):
+        x[r, : len(seqs[i])] = torch.from_numpy(seqs[i])
+        f[r, : len(seqs[i])] = feats[i].float()
+    return x, f, torch.tensor([len(seqs[i]) for i in idx])
+
+
+def build_layer(shape: dict):
+    """One Llama decoder layer with Hugging Face's parameter names, and a forward that takes the
+    keys/values of earlier unrolled steps with a mask (EAGLE-3's training-time test)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    D, H, KV, hd = (shape["hidden_size"], shape["num_attention_heads"],
+                    shape["num_key_value_heads"], shape["head_dim"])
+    eps, theta, inter = shape["rms_norm_eps"], shape["rope_theta"], shape["intermediate_size"]
+
+    def linear(i, o):
+        m = nn.Linear(i, o, bias=False)
+        nn.init.normal_(m.weight, std=0.02)
+        return m
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = linear(D, H * hd), linear(D, KV * hd)
+            self.v_proj, self.o_proj = linear(D, KV * hd), linear(H * hd, D)
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = linear(D, inter), linear(D, inter)
+            self.down_proj = linear(inter, D)
+
+    def rope(x, cos, sin):  # Hugging Face Llama's rotate-half convention
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm = nn.RMSNorm(D, eps=eps)
+            self.self_attn = Attn()
+            self.post_attention_layernorm = nn.RMSNorm(D, eps=eps)
+            self.mlp = MLP()
+            inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def kv_q(self, x):
+            """(q [B, H, T, hd], k, v [B, KV, T, hd]) of x [B, T, D] at positions 0..T-1."""
+            B, T, _ = x.shape
+            ang = torch.arange(T, dtype=torch.float32)[:, None] * self.inv_freq[None]
+            cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+            h = self.input_layernorm(x)
+            a = self.self_attn
+            q = a.q_proj(h).view(B, T, H, hd).transpose(1, 2)
+            k = a.k_proj(h).view(B, T, KV, hd).transpose(1, 2)
+            v = a.v_proj(h).view(B, T, KV, hd).transpose(1, 2)
+            return rope(q, cos, sin), rope(k, cos, sin), v
+
+        def finish(self, x, q, keys, values, mask):
+            """The rest of the layer: attention of q over keys/values [B, KV, S, hd] under mask
+            [T, S] (True = may attend), then the MLP, both residual."""
+            B, T, _ = x.shape
+            k = keys.repeat_interleave(H // KV, dim=1)
+            v = values.repeat_interleave(H // KV, dim=1)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            x = x + self.self_attn.o_proj(att.transpose(1, 2).reshape(B, T, H * hd))
+            m = self.mlp
+            h = self.post_attention_layernorm(x)
+            return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+    return Layer()
+
+
+def ttt_mask(T: int, s: int):
+    """Step s's mask over the keys of steps 0..s ([T, (s+1)T]): step-0 keys at positions
+    <= i - s, and the key of step t at position i - s + t (the chain drafting sees)."""
+    import torch
+
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    blocks = [j <= i - s] + [j == i - s + t for t in range(1, s + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def eagle_unroll(layer, fc, embed, f, x, steps: int, noise: float = 0.0):
+    """The head unrolled `steps` steps over features f [B, T, D] and tokens x [B, T] -> list of
+    guesses [B, T-1, D], one per step (row i of step s: g^s_{i+1}, the guess of f_{i+1})."""
+    import torch
+
+    emb = embed(x[:, 1:])  # the token each input position pairs with: x_{i+1}
+    feat = f[:, :-1]
+    if noise:
+        feat = feat + noise * f.std() * (2 * torch.rand_like(feat) - 1)
+    keys, values, out = [], [], []
+    T = feat.shape[1]
+    for s in range(steps):
+        a = fc(torch.cat([feat, emb], dim=-1))
+        q, k, v = layer.kv_q(a)
+        keys.append(k)
+        values.append(v)
+        g = layer.finish(a, q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(T, s))
+        out.append(g)
+        # step s+1 at position i reads g^s_i (made at position i - 1); position 0 keeps f_0
+        feat = torch.cat([f[:, :1], g[:, :-1]], dim=1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default=str(HERE / "target"), help="a Hugging Face Llama dir")
+    ap.add_argument("--out-eagle", default=None, help="where the EAGLE head goes (none: skip)")
+    ap.add_argument("--out-medusa", default=None, help="where the Medusa heads go (none: skip)")
+    ap.add_argument("--data", choices=("code", "chat"), default="code",
+                    help="prompts: stdlib code prefixes, or ChatML requests + code")
+    ap.add_argument("--seqs", type=int, default=1024, help="training continuations")
+    ap.add_argument("--new-tokens", type=int, default=160, help="most new tokens per sequence")
+    ap.add_argument("--gen-batch", type=int, default=16)
+    ap.add_argument("--eval-seqs", type=int, default=48, help="held-out greedy continuations")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="FR-Spec: the heads propose only the N most frequent tokens (0: all)")
+    ap.add_argument("--ttt", type=int, default=3, help="EAGLE steps unrolled in training")
+    ap.add_argument("--eagle-epochs", type=float, default=6)
+    ap.add_argument("--medusa-epochs", type=float, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per training step")
+    ap.add_argument("--eagle-lr", type=float, default=1e-3)
+    ap.add_argument("--medusa-lr", type=float, default=2e-3)
+    ap.add_argument("--reg", type=float, default=0.1, help="weight of EAGLE's feature loss")
+    ap.add_argument("--noise", type=float, default=0.02,
+                    help="uniform noise on EAGLE's input features (fraction of their std)")
+    ap.add_argument("--ce", type=float, default=0.0,
+                    help="weight of a cross-entropy on the target's argmax token (greedy drafts)")
+    ap.add_argument("--init-eagle", default=None,
+                    help="start EAGLE from this head (a directory this script wrote)")
+    ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
+    ap.add_argument("--data-cache", default=None,
+                    help="a .pt file: reuse the sequences and features saved there, else save them")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a ~1 minute smoke run")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seqs, args.new_tokens, args.eval_seqs = 32, 24, 8
+        args.eagle_epochs = args.medusa_epochs = 1
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    sys.path.insert(0, str(HERE))
+    import train as recipe  # the toy pair's recipe: corpus, on-policy generator, schedule
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    times = {}
+    t_start = t = time.time()
+    target = LlamaForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    for prm in target.parameters():
+        prm.requires_grad_(False)
+    tc = target.config
+    tok = Tokenizer.from_file(str(Path(args.target) / "tokenizer.json"))
+    train_files, heldout_files, _ = recipe.read_corpus(args.quick)
+    eos = sorted({i for i in (tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>"),
+                              tc.eos_token_id if isinstance(tc.eos_token_id, int) else None)
+                  if i is not None})
+
+    # -- 1. data -----------------------------------------------------------------------------
+    cache = Path(args.data_cache) if args.data_cache else None
+    if cache is not None and cache.is_file():
+        data = torch.load(cache, weights_only=False)
+        print(f"data: {len(data['train'])} + {len(data['eval'])} sequences from {cache}")
+    else:
+        if args.data == "code":  # train.py's generator: fixed-length batches, BOS + prefix
+            made = recipe.onpolicy_sequences(target, tok, train_files, n=args.seqs,
+                                             batch=args.gen_batch,
+                                             new_tokens=(min(64, args.new_tokens), args.new_tokens),
+                                             prefix=(24, 96), seed=args.seed)
+            train = [(row.numpy(), L) for seq, L, _ in made for row in seq]
+            by_len = recipe.onpolicy_prefixes(tok, heldout_files, 24, 96, rng)
+            pool = [p for v in by_len.values() for p in v]
+            held = [pool[i] for i in rng.permutation(len(pool))[: args.eval_seqs]]
+            held = [p[1:] if p[:2] == [0, 0] else p for p in held]  # one BOS (below)
+            evals = generate(target, held, batch=args.gen_batch, new_tokens=args.new_tokens,
+                             eos=(), pad=0, seed=args.seed, greedy_only=True)
+        else:
+            prompts, held = chat_prompts(train_files, heldout_files, args.seqs,
+                                         args.eval_seqs, rng)
+            enc = [tok.encode(p, add_special_tokens=False).ids for p in prompts]
+            pad = eos[-1]
+            train = generate(target, enc, batch=args.gen_batch, new_tokens=args.new_tokens,
+                             eos=eos, pad=pad, seed=args.seed)
+            evals = generate(target, [tok.encode(p, add_special_tokens=False).ids
+                                      for p in held],
+                             batch=args.gen_batch, new_tokens=args.new_tokens, eos=eos,
+                             pad=pad, seed=args.seed + 1, greedy_only=True)
+        # train.py's prefixes are [EOT] + ids and its tokenizer adds EOT too: keep one BOS
+        fix = [(s[1:], L - 1) if len(s) > 1 and s[0] == s[1] == 0 else (s, L) for s, L in
+               train + evals]
+        data = {"train": fix[: len(train)], "eval": fix[len(train):]}
+        if cache is not None:
+            torch.save(data, cache)
+    train, evals = data["train"], data["eval"]
+    n_new = sum(len(s) - L for s, L in train)
+    times["data_s"] = round(time.time() - t)
+    print(f"data: {len(train)} training sequences ({sum(len(s) for s, _ in train)} tokens, "
+          f"{n_new} generated), {len(evals)} held-out greedy ones, {times['data_s']} s",
+          flush=True)
+
+    # -- 2. features ---------------------------------------------------------------------------
+    t = time.time()
+    seqs = [s for s, _ in train]
+    eval_seqs = [s for s, _ in evals]
+    if "feats" not in data:
+        data["feats"], data["eval_feats"] = features(target, seqs), features(target, eval_seqs)
+        if cache is not None:
+            torch.save(data, cache)
+    feats, eval_feats = data["feats"], data["eval_feats"]
+    times["features_s"] = round(time.time() - t)
+    print(f"features: {times['features_s']} s", flush=True)
+
+    # -- 3. draft vocabulary -------------------------------------------------------------------
+    V = tc.vocab_size
+    gen_tokens = np.concatenate([s[L:] for s, L in train])
+    held_tokens = np.concatenate([s[L:] for s, L in evals])
+    if args.draft_vocab and args.draft_vocab < V:
+        # frequency in the continuations; ties (often: unseen tokens) broken by the prompts'
+        counts = np.bincount(gen_tokens, minlength=V) * (1 << 20) + np.bincount(
+            np.concatenate([s[:L] for s, L in train]), minlength=V)
+        counts[eos] = counts.max() + 1  # EOS always proposable
+        cut = np.sort(np.argsort(-counts, kind="stable")[: args.draft_vocab]).astype(np.int64)
+    else:
+        cut = np.arange(V, dtype=np.int64)
+    coverage = float(np.isin(held_tokens, cut).mean())
+    print(f"draft vocabulary {len(cut)} of {V}: covers {coverage:.4f} of the held-out greedy "
+          f"tokens ({len(held_tokens)})", flush=True)
+    cut_t = torch.from_numpy(cut)
+    W_cut = target.lm_head.weight[cut_t].detach().clone()  # [N, D]
+    norm = target.model.norm
+
+    def logits(h):  # the target's final norm + (cut) LM head
+        return norm(h) @ W_cut.T
+
+    def teacher(f):  # the target's distribution restricted to the cut, renormalised
+        with torch.no_grad():
+            return F.log_softmax(logits(f), dim=-1)
+
+    def kl(p_log, logq, mask):
+        return ((p_log.exp() * (p_log - logq)).sum(-1) * mask).sum() / mask.sum().clamp(min=1)
+
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    chunks = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
+
+    def schedule(epochs):  # length-bucketed batches, shuffled every epoch
+        steps = max(1, round(epochs * len(chunks)))
+        return [chunks[j] for e in range(steps // len(chunks) + 1)
+                for j in rng.permutation(len(chunks))][:steps]
+
+    rope_theta = (getattr(tc, "rope_parameters", None) or {}).get("rope_theta") or \
+        getattr(tc, "rope_theta", None) or 10000.0
+    target_id = {"model_type": tc.model_type, "hidden_size": tc.hidden_size,
+                 "num_hidden_layers": tc.num_hidden_layers, "vocab_size": V}
+    cut_fields = {"draft_vocab_size": len(cut)} if len(cut) < V else {}
+    cut_tensor = {"draft_vocab": cut_t.clone()} if len(cut) < V else {}
+    D = tc.hidden_size
+    report = {"target": args.target, "data": args.data, "train_seqs": len(train),
+              "generated_tokens": int(n_new), "eval_seqs": len(evals),
+              "draft_vocab": len(cut), "coverage": round(coverage, 4), "threads": args.threads}
+
+    def chain_accept(match):
+        """match [S, B, T']: step s's argmax at chain start c right -> mean accepted length."""
+        run = torch.cumprod(match.float(), dim=0)
+        return run.sum(0)
+
+    # -- 4. EAGLE ------------------------------------------------------------------------------
+    if args.out_eagle:
+        t = time.time()
+        shape = {"hidden_size": D, "num_attention_heads": tc.num_attention_heads,
+                 "num_key_value_heads": tc.num_key_value_heads,
+                 "head_dim": getattr(tc, "head_dim", None) or D // tc.num_attention_heads,
+                 "intermediate_size": tc.intermediate_size, "rms_norm_eps": tc.rms_norm_eps,
+                 "rope_theta": float(rope_theta)}
+        layer = build_layer(shape)
+        fc = torch.nn.Linear(2 * D, D)
+        if args.init_eagle:  # continue a run: the weights this script saved (F16)
+            from safetensors.torch import load_file
+
+            saved = load_file(str(Path(args.init_eagle) / "model.safetensors"))
+            fc.load_state_dict({"weight": saved["fc.weight"].float(),
+                                "bias": saved["fc.bias"].float()})
+            layer.load_state_dict({k[len("model.layers.0."):]: v.float()
+                                   for k, v in saved.items() if k.startswith("model.layers.0.")})
+        embed = target.model.embed_tokens
+        params = list(layer.parameters()) + list(fc.parameters())
+        opt = torch.optim.AdamW(params, lr=args.eagle_lr, weight_decay=0.0, betas=(0.9, 0.95))
+        plan = schedule(args.eagle_epochs)
+        for step, idx in enumerate(plan):
+            lr = recipe.lr_at(step, len(plan), args.eagle_lr, max(1, len(plan) // 20))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, f, lens = padded(seqs, feats, idx)
+            T = x.shape[1]
+            valid = (torch.arange(T - 1)[None] + 1 < lens[:, None]).float()  # f_{i+1} real
+            p_log = teacher(f[:, 1:])
+            outs = eagle_unroll(layer, fc, embed, f, x, args.ttt, args.noise)
+            loss, kls = 0.0, []
+            for s, g in enumerate(outs):
+                m = valid * (torch.arange(T - 1)[None] >= s).float()
+                logq = F.log_softmax(logits(g), dim=-1)
+                k_s = kl(p_log, logq, m)
+                if args.ce:  # the target's argmax: what a greedy draft must say
+                    top = logq.gather(-1, p_log.argmax(-1, keepdim=True))[..., 0]
+                    loss = loss - args.ce * (top * m).sum() / m.sum().clamp(min=1)
+                reg = (F.smooth_l1_loss(g, f[:, 1:], reduction="none").mean(-1) * m).sum() \
+                    / m.sum().clamp(min=1)
+                loss = loss + k_s + args.reg * reg
+                kls.append(k_s.item())
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step % 25 == 0 or step == len(plan) - 1:
+                print(f"eagle step {step:4d}/{len(plan)}  kl per step "
+                      f"{' '.join(f'{v:.3f}' for v in kls)}  reg {reg.item():.3f}  "
+                      f"lr {lr:.2e}  {time.time() - t:.0f} s", flush=True)
+        times["eagle_s"] = round(time.time() - t)
+        # greedy chain acceptance on the held-out greedy continuations (4 tokens)
+        acc, n = 0.0, 0
+        with torch.no_grad():
+            for lo in range(0, len(eval_seqs), 8):
+                idx = list(range(lo, min(lo + 8, len(eval_seqs))))
+                x, f, lens = padded(eval_seqs, eval_feats, idx)
+                T = x.shape[1]
+                outs = eagle_unroll(layer, fc, embed, f, x, 4)
+                # step s at position c + s guesses x_{c+s+2}, c = chain start (context n = c+2)
+                C = T - 5
+                match = torch.stack([cut_t[logits(g[:, s:s + C]).argmax(-1)] == x[:, s + 2:s + 2
+                                                                                  + C]
+                                     for s, g in enumerate(outs)])
+                start = torch.tensor([L for _, L in (evals[i] for i in idx)])
+                c = torch.arange(C)[None]
+                ok = ((c + 2 >= start[:, None]) & (c + 5 < lens[:, None])).float()
+                acc += (chain_accept(match) * ok).sum().item()
+                n += ok.sum().item()
+        report["eagle_chain_accepted"] = round(acc / max(n, 1), 4)
+        print(f"eagle: greedy chain of 4 on held-out continuations: {acc / max(n, 1):.3f} "
+              f"accepted per round ({n:.0f} rounds), ~{1 + acc / max(n, 1):.2f} tokens per "
+              f"target call; {times['eagle_s']} s of training", flush=True)
+        out = Path(args.out_eagle)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {"fc.weight": fc.weight, "fc.bias": fc.bias}
+        for name, p in layer.named_parameters():
+            tensors[f"model.layers.0.{name}"] = p
+        tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
+        save_file({**tensors, **cut_tensor}, str(out / "model.safetensors"))
+        config = {"eagle_version": 1, **shape, "target": target_id, **cut_fields,
+                  "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
+                           f"layer), trained with a {args.ttt}-step training-time test; "
+                           "weights/train_heads.py",
+                  "training": {**report, "init": args.init_eagle, "ce": args.ce,
+                               "ttt": args.ttt, "epochs": args.eagle_epochs,
+                               "steps": len(plan), "batch": args.batch, "lr": args.eagle_lr,
+                               "reg": args.reg, "noise": args.noise, "seed": args.seed,
+                               **times}}
+        (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        print(f"wrote {out}", flush=True)
+
+    # -- 5. Medusa -----------------------------------------------------------------------------
+    if args.out_medusa:
+        t = time.time()
+        K = args.heads
+        W = torch.nn.Parameter(torch.zeros(K, D, D))  # [K, out, in]
+        b = torch.nn.Parameter(torch.zeros(K, D))
+        opt = torch.optim.AdamW([W, b], lr=args.medusa_lr, weight_decay=0.0, betas=(0.9, 0.95))
+
+        def medusa(h, k):
+            return h + F.silu(h @ W[k].T + b[k])
+
+        plan = schedule(args.medusa_epochs)
+        for step, idx in enumerate(plan):
+            lr = recipe.lr_at(step, len(plan), args.medusa_lr, max(1, len(plan) // 20))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, f, lens = padded(seqs, feats, idx)
+            T = x.shape[1]
+            p_all = teacher(f)
+            loss, kls = 0.0, []
+            for k in range(K):  # head k at t guesses x_{t+2+k}: the target's p at t+1+k
+                m = (torch.arange(T - 1 - k)[None] + 1 + k < lens[:, None]).float()
+                logq = F.log_softmax(logits(medusa(f[:, : T - 1 - k], k)), dim=-1)
+                k_k = kl(p_all[:, 1 + k:], logq, m)
+                loss = loss + 0.8 ** k * k_k
+                kls.append(k_k.item())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 25 == 0 or step == len(plan) - 1:
+                print(f"medusa step {step:4d}/{len(plan)}  kl per head "
+                      f"{' '.join(f'{v:.3f}' for v in kls)}  lr {lr:.2e}  "
+                      f"{time.time() - t:.0f} s", flush=True)
+        times["medusa_s"] = round(time.time() - t)
+        acc, n = 0.0, 0
+        with torch.no_grad():
+            for lo in range(0, len(eval_seqs), 8):
+                idx = list(range(lo, min(lo + 8, len(eval_seqs))))
+                x, f, lens = padded(eval_seqs, eval_feats, idx)
+                C = x.shape[1] - 5  # h_c (context n = c + 2) guesses x_{c+2+k}
+                match = torch.stack([cut_t[logits(medusa(f[:, :C], k)).argmax(-1)]
+                                     == x[:, 2 + k:2 + k + C] for k in range(K)])
+                start = torch.tensor([L for _, L in (evals[i] for i in idx)])
+                c = torch.arange(C)[None]
+                ok = ((c + 2 >= start[:, None]) & (c + 1 + K < lens[:, None])).float()
+                acc += (chain_accept(match) * ok).sum().item()
+                n += ok.sum().item()
+        report["medusa_chain_accepted"] = round(acc / max(n, 1), 4)
+        print(f"medusa: greedy chain of {K} on held-out continuations: {acc / max(n, 1):.3f} "
+              f"accepted per round, ~{1 + acc / max(n, 1):.2f} tokens per target call; "
+              f"{times['medusa_s']} s of training", flush=True)
+        out = Path(args.out_medusa)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for k in range(K):
+            tensors[f"medusa_head.{k}.weight"] = W[k].detach().to(torch.float16).contiguous()
+            tensors[f"medusa_head.{k}.bias"] = b[k].detach().to(torch.float16).contiguous()
+        save_file({**tensors, **cut_tensor}, str(out / "model.safetensors"))
+        config = {"medusa_num_heads": K, "hidden_size": D, "target": target_id, **cut_fields,
+                  "about": "Medusa-1 heads: head k (0-based) guesses the token k + 2 positions "
+                           "after the hidden state it reads; weights/train_heads.py",
+                  "training": {**report, "epochs": args.medusa_epochs, "steps": len(plan),
+                               "batch": args.batch, "lr": args.medusa_lr, "seed": args.seed,
+                               **times}}
+        (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        print(f"wrote {out}", flush=True)
+    print(f"done in {time.time() - t_start:.0f} s: {json.dumps(times)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
