@@ -31,7 +31,7 @@ draws distinct candidates without replacement from the guessed distribution
 sampled candidates the draft likes best would bias them. Either way the tree is verified
 losslessly (minispec/tree.py).
 
-Files (`weights/eagle`, made by `weights/train_eagle.py`): config.json (the layer's shape) and
+Files (`weights/eagle`, made by `weights/train_heads.py`): config.json (the layer's shape) and
 model.safetensors: fc.weight [D, 2D], fc.bias [D], and one Llama decoder layer under
 model.layers.0.* (Hugging Face names).
 """

@@ -17,7 +17,7 @@ distribution without replacement; both exact (tree_model.children). Medusa's own
 acceptance" trades that exactness for speed; it is not used here. Each node of a depth draws
 its own candidates, so siblings under different parents may differ when sampling.
 
-Files (`weights/medusa`, made by `weights/train_medusa.py`): config.json with
+Files (`weights/medusa`, made by `weights/train_heads.py`): config.json with
 "medusa_num_heads" and "hidden_size", and model.safetensors with medusa_head.{k}.weight
 [D, D] (out x in) and medusa_head.{k}.bias [D], k = 0..K-1 (head k + 1 above).
 """
