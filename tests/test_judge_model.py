@@ -37,3 +37,20 @@ def test_the_judge_names_what_it_cannot_do_with_a_model():
     assert r.returncode == 2 and "--model: goes with --drafter" in r.stderr
     r = run("--drafter", "medusa")  # the tiny random target has no trained heads
     assert r.returncode != 0 and "no Medusa heads trained for this target" in r.stderr
+
+
+def test_minispec_real_judge_runs_the_judge_on_its_model(tmp_path, capsys):
+    from minispec.real import main as real_main
+
+    save_checkpoint(tiny_models()["target"], tmp_path / "tiny")
+    # the drafter named after `judge` wins over real's default (eagle, whose heads the tiny
+    # model does not have); 60 samples: the rows are there, the controls lack power (exit 1)
+    code = real_main(["--model", str(tmp_path / "tiny"), "judge", "--drafter",
+                      "test_judge_model:near_model", "--samples", "60"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)
+    assert "T=1.5 top_k=3 g=3 L=4, model on tiny" in out and "accept q/p" in out
+
+
+def near_model(target, draft):
+    return ModelDrafter(target, tiny_models()["near"])
