@@ -89,7 +89,7 @@ def to_host(a) -> np.ndarray:
 KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
 
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
-_kernels: tuple | None = None  # (1 row, 2..8 rows, 9+ rows), compiled on first use; () if no numba
+_kernels: tuple | None = None  # (1 row, tails, 2+ rows), compiled on first use; () if no numba
 _prefetch = _eight = _tail = None  # numba functions the kernels call, made with them
 
 
@@ -128,7 +128,7 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     t = x.shape[0]
-    kernel = _kernels[0 if t == 1 else 1 if t <= 8 else 2]
+    kernel = _kernels[0 if t == 1 else 2]  # _kernels[1], the 8-rows loop, does the tails
     y = np.empty((t, w.shape[1]), dtype=np.float32)  # [T, D_out]
     kernel(np.ascontiguousarray(x), w.T, y)
     return y
@@ -209,9 +209,10 @@ def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
 
 def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
     # x [T <= 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: one output x 8 rows in registers
-    # (missing rows repeat the last one). The weights are read once, as one sequential stream,
-    # which the hardware prefetcher follows best; the x rows stay in the L1/L2 cache. 9 loads
-    # per 8 multiply-adds (and padding to 8 rows): for more rows _rows_kernel is faster.
+    # (missing rows repeat the last one): the outputs left over by the blocked kernels. 9 loads
+    # per 8 multiply-adds (and padding to 8 rows): as the main loop for 2..8 rows it was slower
+    # than _rows_kernel on a Xeon with AVX-512, on both shipped targets (`minispec bench` and
+    # `minispec real bench` print the verify call's cost).
     t, d = x.shape
     last = t - 1
     x0, x1, x2, x3 = x[0], x[min(1, last)], x[min(2, last)], x[min(3, last)]
@@ -235,7 +236,7 @@ def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
 
 
 def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [T > 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
+    # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
     # 4 weight rows are read from memory once, then from the L1 cache for the other row pairs;
     # meanwhile the next 4 rows are prefetched, a share per pass, so the memory keeps streaming
     # while the core multiplies (the hardware prefetcher sees no misses during those passes).

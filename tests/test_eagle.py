@@ -128,7 +128,7 @@ def test_a_head_written_to_files_drafts_the_same_and_bad_files_are_named(tmp_pat
 
 
 @pytest.mark.skipif(not (WEIGHTS / "eagle" / "model.safetensors").exists(),
-                    reason="weights/eagle is not there (python weights/train_eagle.py)")
+                    reason="weights/eagle is not there (python weights/train_heads.py)")
 def test_the_shipped_head_drafts_for_the_shipped_target_exactly():
     target = minispec.load(WEIGHTS / "target", device="cpu")
     ids = target.tokenizer.encode("def fibonacci(n):\n    ")

@@ -91,7 +91,7 @@ def test_bad_heads_are_named(tmp_path):
 
 
 @pytest.mark.skipif(not (WEIGHTS / "medusa" / "model.safetensors").exists(),
-                    reason="weights/medusa is not there (python weights/train_medusa.py)")
+                    reason="weights/medusa is not there (python weights/train_heads.py)")
 def test_the_shipped_heads_draft_for_the_shipped_target_exactly():
     target = minispec.load(WEIGHTS / "target", device="cpu")
     ids = target.tokenizer.encode("def fibonacci(n):\n    ")

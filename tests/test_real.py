@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+import minispec
 from minispec.cli import main as cli_main
+from minispec.drafters import SHIPPED_HEADS, make_drafter
 from minispec.errors import MinispecError
-from minispec.real import INSTALL, SOURCE_FILE, converted, main, model_dir
+from minispec.real import CHAT, HEADS, INSTALL, SOURCE_FILE, converted, has_heads, main, model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,8 +111,27 @@ def test_bench_runs_on_smollm2_greedy_identical(smollm2_dir, capsys):
     rows = {" ".join(line.split()[:-4]): line.split()[-4:] for line in out.splitlines()
             if line.startswith(("  minispec ", "  hf ")) and line.endswith("x")}
     methods = ["minispec autoregressive", "minispec ngram", "minispec early-exit"]
+    if has_heads(smollm2_dir):  # the heads trained for SmolLM2 (weights/smollm2) run too
+        methods += [f"minispec {n}" for n in HEADS["bench"].split(",")]
     assert list(rows) == methods
     for name in methods[1:]:
         assert f"{name} vs minispec autoregressive: 1/1 identical" in out
         assert 1.0 <= float(rows[name][2]) <= 5.0  # tokens per target call: at most gamma + 1
     assert float(rows["minispec autoregressive"][2]) == 1.0
+
+
+@pytest.mark.skipif(not (SHIPPED_HEADS["eagle"][1] / "model.safetensors").is_file(),
+                    reason="weights/smollm2/eagle is not there (weights/train_heads.py)")
+def test_the_heads_trained_for_smollm2_draft_for_it_exactly_and_well(smollm2_dir):
+    target = minispec.load(smollm2_dir)
+    ids = target.tokenizer.encode(CHAT.format("Give me three tips for learning to cook."))
+    base = minispec.autoregressive_generate(target, ids, max_new_tokens=24, temperature=0.0)
+    for name, options in (("eagle", {}), ("eagle", {"tree": (2, 2, 1, 1)}),
+                          ("medusa", {"tree": (2, 2, 1, 1)})):
+        drafter = make_drafter(name, target, **options)
+        assert drafter.draft_head.size < target.vocab_size  # a draft vocabulary (FR-Spec)
+        out = minispec.speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=24,
+                                            temperature=0.0)
+        assert out.tokens == base.tokens
+        if "tree" in options:  # trained heads draft better than chance (1.33 when shipped)
+            assert out.stats.new_tokens / out.stats.target_calls >= 1.25, (name, options)

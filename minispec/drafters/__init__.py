@@ -23,6 +23,7 @@ from ..shipped import SHIPPED
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
+from .files import find_head_dir
 from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
@@ -31,12 +32,23 @@ from .tree_model import TreeModelDrafter
 DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
 SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
 SHIPPED_EAGLE = SHIPPED / "eagle"
+# the shipped heads, one per target (the shipped toy target, SmolLM2-135M-Instruct): make_drafter
+# takes the one whose config.json names the target's shape
+SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
+                 "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
+
+# the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
+# `judge --drafter NAME` use: name -> (make_drafter's name, its options)
+PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
+           "medusa": ("medusa", {}), "medusa-tree": ("medusa", {"tree": (2, 2, 1, 1)}),
+           "eagle": ("eagle", {}), "eagle-tree": ("eagle", {"tree": (2, 2, 1, 1)}),
+           "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)})}
 
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EagleDrafter", "EarlyExitDrafter", "MedusaDrafter",
     "ModelDrafter", "NgramDrafter", "load_eagle", "load_medusa", "random_eagle", "random_medusa",
-    "NoDrafter", "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
-    "make_drafter",
+    "NoDrafter", "PRESETS", "TreeModelDrafter", "check_vocabularies", "default_exit_layer",
+    "find_ngram", "make_drafter",
     "sampled_vocab_size",
 ]
 
@@ -49,8 +61,9 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
     "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
     children per depth (default (2, 2, 1, 1)); "medusa" loads heads from medusa_dir (default:
-    the shipped weights/medusa, trained for the shipped target) and takes tree (default
-    (1, 1, 1, 1)); "eagle" loads a head from eagle_dir (default: the shipped weights/eagle)
+    the shipped heads trained for this target: weights/medusa for the shipped target,
+    weights/smollm2/medusa for SmolLM2-135M-Instruct) and takes tree (default (1, 1, 1, 1));
+    "eagle" loads a head from eagle_dir (default: the shipped head for this target, likewise)
     and drafts a chain, or a tree given tree, grown dynamically given dynamic=(beam, nodes).
     Options a drafter does not use are ignored.
     """
@@ -65,11 +78,13 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
             raise MinispecError("drafter 'model-tree' needs a draft model (--draft DIR)")
         return TreeModelDrafter(target, draft_model, *(() if tree is None else (tree,)))
     if name == "medusa":
-        return load_medusa(SHIPPED_MEDUSA if medusa_dir is None else medusa_dir, target,
-                           *(() if tree is None else (tree,)))
+        if medusa_dir is None:
+            medusa_dir = find_head_dir(SHIPPED_HEADS["medusa"], target, "Medusa heads")
+        return load_medusa(medusa_dir, target, *(() if tree is None else (tree,)))
     if name == "eagle":
-        return load_eagle(SHIPPED_EAGLE if eagle_dir is None else eagle_dir, target, tree,
-                          dynamic)
+        if eagle_dir is None:
+            eagle_dir = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
+        return load_eagle(eagle_dir, target, tree, dynamic)
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

@@ -31,7 +31,7 @@ draws distinct candidates without replacement from the guessed distribution
 sampled candidates the draft likes best would bias them. Either way the tree is verified
 losslessly (minispec/tree.py).
 
-Files (`weights/eagle`, made by `weights/train_eagle.py`): config.json (the layer's shape) and
+Files (`weights/eagle`, made by `weights/train_heads.py`): config.json (the layer's shape) and
 model.safetensors: fc.weight [D, 2D], fc.bias [D], and one Llama decoder layer under
 model.layers.0.* (Hugging Face names).
 """
@@ -46,13 +46,14 @@ from ..backend import to_host
 from ..config import ModelConfig
 from ..errors import MinispecError
 from ..loader import _build_weights, random_model
-from ..model import Model
+from ..model import Model, linear
 from ..safetensors import SafetensorsFile
 from ..sampling import sample
 from ..tree import tree_layers
 from .base import Draft, Drafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
+from .vocab import DraftHead, read_draft_vocab
 
 
 class EagleDrafter(Drafter):
@@ -61,12 +62,14 @@ class EagleDrafter(Drafter):
     layer: a one-layer Model (its embedding, final norm and head are the target's); fc_w
     [2D, D] and fc_b [D] fuse a feature and a token embedding into the layer's input. shape:
     None for a chain, or children per depth for a tree; dynamic: (beam, nodes) for EAGLE-2's
-    dynamic tree (with shape giving the children of each expanded node per depth).
+    dynamic tree (with shape giving the children of each expanded node per depth); draft_vocab:
+    the token ids the head may propose (ascending; None: all of them), see vocab.py.
     """
 
     name = "eagle"
 
-    def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None) -> None:
+    def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None,
+                 draft_vocab=None) -> None:
         super().__init__(target)
         D = target.config.hidden_size
         if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
@@ -76,7 +79,10 @@ class EagleDrafter(Drafter):
                                 f"{layer.config.hidden_size}, {np.shape(fc_w)}, {np.shape(fc_b)}")
         xp = target.xp
         self.layer = layer
-        self.fc_w = xp.asarray(np.asarray(to_host(fc_w), dtype=target.dtype))
+        # stored [D, 2D], one output per row, and used through its transpose, as loader.py
+        # stores the target's weights: the few-rows kernel multiplies it
+        self.fc_w = xp.asarray(np.ascontiguousarray(np.asarray(to_host(fc_w)).T,
+                                                    dtype=target.dtype)).T  # [2D, D]
         self.fc_b = xp.asarray(np.asarray(to_host(fc_b), dtype=target.dtype))
         # a dynamic tree keeps at most `nodes` of the candidates: the shape alone may be larger
         self.shape = None if shape is None else check_shape(
@@ -90,6 +96,7 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
+        self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------
@@ -116,7 +123,7 @@ class EagleDrafter(Drafter):
         """The layer's input: fc(concat(feature, embedding of the token)) -> [T, D]."""
         xp = self.target.xp
         emb = self.target.weights["embed"][xp.asarray(np.asarray(tokens, dtype=np.int64))]
-        return xp.concatenate([feats, emb], axis=1) @ self.fc_w + self.fc_b  # [T, 2D] -> [T, D]
+        return linear(xp.concatenate([feats, emb], axis=1), self.fc_w, self.fc_b)  # -> [T, D]
 
     def catch_up(self, context):
         """Feed the pairs (f_j, x_{j+1}) the layer has not seen, all with true features ->
@@ -145,7 +152,7 @@ class EagleDrafter(Drafter):
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         for i in range(gamma):
-            logits = to_host(self.target.head(g))[:, : self.vocab_size]  # [1, V]
+            logits = self.draft_head(g)  # [1, V]
             q.append(warp(logits)[0])
             tokens.append(sample(q[-1], rng))
             if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
@@ -166,7 +173,7 @@ class EagleDrafter(Drafter):
         # candidates are always the top-k, a function of the context alone
         mode = "deterministic" if self.dynamic is not None else None
         for d, k in enumerate(levels):
-            logits = to_host(self.target.head(feats))[:, : self.vocab_size]  # [F, V]
+            logits = self.draft_head(feats)  # [F, V]
             probs = warp(logits)
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
             mode = mode or sibling_mode(probs[0])
@@ -268,11 +275,12 @@ def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
             raise MinispecError(f"{st_file}: tensor {name!r} has shape {list(a.shape)}, "
                                 f"expected {list(shape_)}")
     for name in st.keys():
-        if not np.isfinite(st.get(name)).all():
+        if name != "draft_vocab" and not np.isfinite(st.get(name)).all():
             raise MinispecError(f"{st_file}: tensor {name!r} holds NaN or infinite values")
     layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
                   name=f"eagle:{path.name}")
-    return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic)
+    return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
+                        read_draft_vocab(st, cfg, cfg_file))
 
 
 def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,

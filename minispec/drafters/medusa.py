@@ -17,7 +17,7 @@ distribution without replacement; both exact (tree_model.children). Medusa's own
 acceptance" trades that exactness for speed; it is not used here. Each node of a depth draws
 its own candidates, so siblings under different parents may differ when sampling.
 
-Files (`weights/medusa`, made by `weights/train_medusa.py`): config.json with
+Files (`weights/medusa`, made by `weights/train_heads.py`): config.json with
 "medusa_num_heads" and "hidden_size", and model.safetensors with medusa_head.{k}.weight
 [D, D] (out x in) and medusa_head.{k}.bias [D], k = 0..K-1 (head k + 1 above).
 """
@@ -30,23 +30,25 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import MinispecError
-from ..model import silu
+from ..model import linear, silu
 from ..safetensors import SafetensorsFile
 from .base import Draft, Drafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
+from .vocab import DraftHead, read_draft_vocab
 
 
 class MedusaDrafter(Drafter):
     """Draft a tree from K Medusa heads on the target's last hidden state.
 
     heads: K pairs (W [D, D] out x in, b [D]) as host or device arrays. shape: the children per
-    depth, at most K deep; default (1,) * K, a chain of each head's top token.
+    depth, at most K deep; default (1,) * K, a chain of each head's top token. draft_vocab: the
+    token ids the heads may propose (ascending; None: all of them), see vocab.py.
     """
 
     name = "medusa"
 
-    def __init__(self, target, heads, shape=None) -> None:
+    def __init__(self, target, heads, shape=None, draft_vocab=None) -> None:
         super().__init__(target)
         xp, D = target.xp, target.config.hidden_size
         self.heads = []
@@ -55,7 +57,9 @@ class MedusaDrafter(Drafter):
                 raise MinispecError(f"medusa head {k}: expected weight [{D}, {D}] and bias [{D}] "
                                     f"for a target of width {D}, got {np.shape(w)} and "
                                     f"{np.shape(b)}")
-            self.heads.append((xp.asarray(np.asarray(to_host(w), dtype=target.dtype).T.copy()),
+            # W stays [out, in], used through its transpose (as loader.py stores the target's
+            # weights): the few-rows kernel multiplies it
+            self.heads.append((xp.asarray(np.ascontiguousarray(to_host(w), dtype=target.dtype)).T,
                                xp.asarray(np.asarray(to_host(b), dtype=target.dtype))))
         if not self.heads:
             raise MinispecError("medusa: expected at least one head")
@@ -64,6 +68,7 @@ class MedusaDrafter(Drafter):
         if len(self.shape) > len(self.heads):
             raise MinispecError(f"medusa tree: {len(self.shape)} levels asked for, but only "
                                 f"{len(self.heads)} heads")
+        self.draft_head = DraftHead(target, draft_vocab, "medusa draft_vocab")
         self.h, self.seen = None, 0  # the last hidden state, and the context length it is for
 
     def start(self, prompt_ids, cache) -> None:
@@ -76,8 +81,8 @@ class MedusaDrafter(Drafter):
     def guesses(self):
         """Each head's logits from the last hidden state -> [K, V] (host)."""
         xp, h = self.target.xp, self.h
-        z = xp.stack([h + silu(xp, h @ w + b) for w, b in self.heads])  # [K, D]
-        return to_host(self.target.head(z))[:, : self.vocab_size]  # [K, V]
+        z = xp.stack([h + silu(xp, linear(h[None], w, b)[0]) for w, b in self.heads])  # [K, D]
+        return self.draft_head(z)  # [K, V]
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         levels = self.shape[:gamma]
@@ -124,7 +129,7 @@ def load_medusa(path, target, shape=None) -> MedusaDrafter:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise MinispecError(f"{path / 'model.safetensors'}: medusa head {k} holds NaN or "
                                 "infinite values")
-    return MedusaDrafter(target, heads, shape)
+    return MedusaDrafter(target, heads, shape, read_draft_vocab(st, cfg, cfg_file))
 
 
 def random_medusa(target, n_heads: int = 4, *, seed: int = 0, scale: float = 0.1,

@@ -14,12 +14,17 @@ import time
 import numpy as np
 from scipy import stats
 
-from ..shipped import SHIPPED
+from ..drafters import PRESETS, make_drafter
+from ..errors import MinispecError
+from ..shipped import SHIPPED, display, path_arg
 from ..verify import verify as minispec_verify
 from .pipeline import PIPELINE_BUGS, part_pipeline
 from .selftest import (
     BATCH_BUGS,
+    MODEL,
+    MODEL_PROMPT,
     judge_drafter,
+    judge_drafter_on_model,
     part2,
     part2_batch,
     part2_drafters,
@@ -171,7 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     what.add_argument("--drafter", metavar="MODULE:FACTORY",
                       help="judge this drafter in minispec's loop (part D) instead: "
                       "factory(target, draft) -> a minispec.Drafter made for target (two "
-                      "minispec Models over 16 tokens; draft is smaller, use it or not)")
+                      "minispec Models over 16 tokens; draft is smaller, use it or not); or "
+                      "one of minispec's by name: " + ", ".join(PRESETS))
+    ap.add_argument("--model", metavar="DIR", type=path_arg, default=None,
+                    help="with --drafter: judge it on this model instead (a Hugging Face "
+                    "directory; draft is None), at T=1 top-k 3 over the next 4 tokens of "
+                    f"{MODEL_PROMPT!r}, and greedily; e.g. a trained head on the target it was "
+                    "trained for")
     ap.add_argument("--quick", action="store_true",
                     help="the CI subset: fewer configurations and samples (minutes, not tens)")
     ap.add_argument("--plot", metavar="PNG", help="also draw empirical against exact histograms "
@@ -184,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="samples per configuration of --generator or --drafter (default: "
                     "600 quick, 1000 full for --generator; 800 quick, 2000 full for --drafter)")
     args = ap.parse_args(argv)
+    if args.model is not None and not args.drafter:
+        ap.error("--model: goes with --drafter (the drafter to judge on that model)")
     t0 = time.perf_counter()
     for kind in OUTSIDE:
         if getattr(args, kind):
@@ -229,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     return report(rows, controls, notes, args.plot, t0)
 
 
+MODEL_SAMPLES = 800  # --drafter with --model: a sample costs a few calls of a real model
+
 # --generator and --drafter: (the judging function, samples quick/full, what one is, a note)
 OUTSIDE = {
     "generator": (part_pipeline, (600, 1000), "calls",
@@ -245,11 +260,26 @@ def judge_outside(args, kind: str, t0: float) -> int:
     drafter in generate and generate_batch, a broken verify step as the controls)."""
     spec = getattr(args, kind)
     judge, sizes, unit, note = OUTSIDE[kind]
-    factory = load_spec(spec, f"--{kind}", "factory")
+    if kind == "drafter" and spec in PRESETS:  # one of minispec's own, by name
+        name, options = PRESETS[spec]
+        factory = lambda target, draft: make_drafter(name, target, **options)  # noqa: E731
+    else:
+        factory = load_spec(spec, f"--{kind}", "factory")
     n = args.samples or (sizes[0] if args.quick else sizes[1])
+    if kind == "drafter" and args.model is not None:
+        n = args.samples or MODEL_SAMPLES
+        note = (f"part D on {display(args.model)}: the law of the next {MODEL.L} tokens "
+                "enumerated with the model alone; controls: the same drafter and model with a "
+                "broken verify step")
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"{kind} {spec}, {n} {unit} per configuration")
-    rows, controls = judge(factory, spec, args.quick, n, args.seed)
+    try:
+        if kind == "drafter" and args.model is not None:
+            rows, controls = judge_drafter_on_model(factory, spec, n, args.seed, args.model)
+        else:
+            rows, controls = judge(factory, spec, args.quick, n, args.seed)
+    except MinispecError as e:
+        raise SystemExit(f"verify_distribution: {e}") from None
     return report(rows, controls, [note], args.plot, t0)
 
 

@@ -286,3 +286,38 @@ def judge_drafter(factory, label: str, quick: bool, n: int, seed: int
                                      verify=broken_sampler(bug)), bug)
                 for bug in ("residual=p", "accept q/p")]
     return rows, controls
+
+
+# --drafter with --model: a drafter on a model of one's choice (a trained head on the target it
+# was trained for), where the law of the next L tokens is still enumerable: top-k 3, L 4 (40
+# target calls), a prompt every model can continue
+MODEL = E2E(1.5, top_k=3, gamma=3, L=4)
+MODEL_PROMPT = "The capital of France is"
+
+
+def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir
+                           ) -> tuple[list[Row], list[Row]]:
+    """The drafter factory(target, None) on the model in model_dir: its output at MODEL's
+    setting and greedily against the exact law; as controls, the same drafter and model with a
+    broken verify step at the same sample size."""
+    target = load(model_dir, device="cpu")
+    drafter = factory(target, None)
+    if not isinstance(drafter, Drafter):
+        raise SystemExit(f"--drafter {label}: the factory returned {type(drafter).__name__}, "
+                         "not a minispec.Drafter made for the target it was given")
+    tok = target.tokenizer
+    prompt = tok.encode(MODEL_PROMPT) if tok else [1, 2, 3]
+    name = (lambda t: repr(tok.decode([t]))) if tok else str
+    where = f"{drafter.name} on {os.path.basename(os.path.normpath(model_dir))}"
+    rows = []
+    for cfg, m in ((MODEL, n), (E2E_GREEDY, 20)):
+        law = exact_joint(target, prompt, cfg)
+        rows.append(joint_row("D", f"{cfg.name}, {where}", law,
+                              sample_e2e(target, drafter, prompt, cfg, m, seed, label),
+                              name=name))
+    law = exact_joint(target, prompt, MODEL)
+    controls = [joint_row("D", f"{MODEL.name}, {where}", law,
+                          sample_e2e(target, drafter, prompt, MODEL, n, seed, bug,
+                                     verify=broken_sampler(bug)), bug, name=name)
+                for bug in ("residual=p", "accept q/p")]
+    return rows, controls

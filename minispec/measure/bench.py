@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
+from ..drafters import PRESETS
 from ..errors import MinispecError
 from ..sampling import Sampling
 from ..shipped import display, path_arg
@@ -84,7 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "--drafters and transformers' prompt lookup (a target with no draft model; "
                     "default: %(default)s)")
     ap.add_argument("--drafters", default="ngram,early-exit", metavar="NAME,...",
-                    help="with --draft none: minispec's drafters to run")
+                    help="with --draft none: minispec's drafters to run, some of "
+                    f"{', '.join(SELF_DRAFTERS)} (-tree: 2,2,1,1; eagle-2: dynamic tree "
+                    "4,3,2,2, beam 3, 12 nodes); medusa and eagle take the heads trained for "
+                    "the target")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
                     "(default: %(default)s)")
@@ -315,7 +319,7 @@ def run(args: argparse.Namespace) -> dict:
     return report
 
 
-SELF_DRAFTERS = ("ngram", "early-exit", "medusa", "eagle")  # drafters without a draft model
+SELF_DRAFTERS = PRESETS  # drafters without a draft model (drafters.PRESETS)
 
 
 def run_without_draft(args: argparse.Namespace) -> dict:
@@ -377,7 +381,9 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         costs = {"context": context, "target_step_s": t1, "verify_s": tv}
         methods = {"minispec autoregressive": minispec_method(NoDrafter(target), 0)}
         for n in names:
-            methods[f"minispec {n}"] = minispec_method(make_drafter(n, target), gamma)
+            name, options = SELF_DRAFTERS[n]
+            methods[f"minispec {n}"] = minispec_method(make_drafter(name, target, **options),
+                                                       gamma)
         if use_hf:
             import torch
 

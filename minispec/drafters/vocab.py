@@ -1,0 +1,71 @@
+"""A draft vocabulary: heads that propose only the N most frequent tokens (FR-Spec, Zhao et al.
+2025).
+
+Medusa and EAGLE end in the target's own LM head, and pay for all V of its rows at every draft
+step: for SmolLM2-135M (V = 49,152, width 576) that is 28M weights, more than an EAGLE head
+itself and a third of the target's decode step. Most of those rows are tokens the model rarely
+says. A draft vocabulary keeps the N most frequent ones (counted on the target's own output when
+the head was trained) and computes only their logits; every other token gets q = 0.
+
+The verify step needs no change and stays exact: a token the draft cannot propose has q(x) = 0,
+so where the target wants it the residual max(0, p - q) = p keeps all of its mass; only the
+acceptance rate pays, by the target's probability outside the cut.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import to_host
+from ..errors import MinispecError
+from .base import sampled_vocab_size
+
+
+class DraftHead:
+    """The target's final norm and LM head for a drafter: over the whole vocabulary (ids None),
+    or over the rows `ids` only (ascending token ids), the other logits -inf (q = 0 there)."""
+
+    def __init__(self, target, ids=None, source: str = "draft_vocab") -> None:
+        self.target, self.V = target, sampled_vocab_size(target)
+        self.ids, self.w = None, None
+        if ids is None:
+            return
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
+            raise MinispecError(f"{source}: expected a non-empty 1-D list of token ids, got "
+                                f"shape {list(ids.shape)} of {ids.dtype}")
+        if ids[0] < 0 or ids[-1] >= self.V or (ids.size > 1 and (np.diff(ids) <= 0).any()):
+            raise MinispecError(f"{source}: expected ascending distinct token ids in "
+                                f"0..{self.V - 1} (the target's vocabulary), got "
+                                f"{ids.min()}..{ids.max()}"
+                                f"{'' if (np.diff(ids) > 0).all() else ', not ascending'}")
+        xp = target.xp
+        self.ids = ids.astype(np.int64)
+        rows = target.weights["lm_head"].T[xp.asarray(self.ids)]  # [N, D]: one row per kept token
+        self.w = xp.ascontiguousarray(rows).T  # [D, N], stored like the target's own head
+
+    @property
+    def size(self) -> int:
+        """How many tokens the draft can propose."""
+        return self.V if self.ids is None else self.ids.size
+
+    def __call__(self, h) -> np.ndarray:
+        """Hidden states h [T, D] -> logits [T, V] float32 on the host, -inf outside the cut."""
+        if self.ids is None:
+            return to_host(self.target.head(h))[:, : self.V]
+        out = np.full((h.shape[0], self.V), -np.inf, dtype=np.float32)
+        out[:, self.ids] = to_host(self.target.head(h, self.w))
+        return out
+
+
+def read_draft_vocab(st, cfg: dict, source) -> np.ndarray | None:
+    """The "draft_vocab" tensor of a head's safetensors file `st` (None if it has none), checked
+    against config.json's "draft_vocab_size" when that is given."""
+    if "draft_vocab" not in st:
+        return None
+    ids = st.get_ints("draft_vocab")
+    n = cfg.get("draft_vocab_size")
+    if n is not None and n != ids.size:
+        raise MinispecError(f"{source}: draft_vocab_size is {n!r:.40} but the draft_vocab tensor "
+                            f"holds {ids.size} ids")
+    return ids
