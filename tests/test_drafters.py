@@ -256,8 +256,10 @@ class CheckedEarlyExit(EarlyExitDrafter):
         assert cache.length == len(self.ids) - len(draft.tokens)  # the drafts wait after it
         assert hidden.shape[0] == len(tokens)
         reference = self.target.logits(self.ids)[-len(tokens) :]
+        # the cached path runs the few-rows kernel, the recompute BLAS: float32 sums in another
+        # order, ~1e-4 apart on this random model's logits of magnitude ~10
         np.testing.assert_allclose(to_host(self.target.head(hidden)), reference, rtol=1e-4,
-                                   atol=1e-4)
+                                   atol=5e-4)
         return hidden
 
 
@@ -398,7 +400,8 @@ def test_make_drafter_errors_name_what_is_wrong():
         make_drafter("model", TARGET)
     with pytest.raises(MinispecError, match=r"drafter: expected one of model \| ngram"):
         make_drafter("lookahead", TARGET)
-    with pytest.raises(MinispecError, match="width"):  # the shipped heads fit the shipped target
+    # the shipped heads fit the shipped targets, not this one
+    with pytest.raises(MinispecError, match="no Medusa heads trained for this target"):
         make_drafter("medusa", TARGET)
     for k in (0, 4, -1, 1.5, True):
         with pytest.raises(MinispecError, match="exit_layer"):
