@@ -171,9 +171,9 @@ def _compiled() -> bool:
 # The kernels are plain Python, compiled by numba (fastmath lets LLVM keep 8 partial sums per
 # dot product in one AVX register). Kept apart from matmul so a reader can skip them. Each has
 # 8 accumulators in its inner loop, so LLVM vectorizes each dot product the same way (8 lanes,
-# not unrolled further) and a row's result is the same bits in all three: 1, 2..8 or 9..32 rows
-# (tests/test_backend.py checks it on the models' shapes). A loop with fewer accumulators gets
-# unrolled into 16 or 32 partial sums and rounds differently.
+# not unrolled further) and a row's result is the same bits in all three: 1 row, 2..32 rows or
+# the tails (tests/test_backend.py checks it on the models' shapes). A loop with fewer
+# accumulators gets unrolled into 16 or 32 partial sums and rounds differently.
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled

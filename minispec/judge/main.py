@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                       "one of minispec's by name: " + ", ".join(PRESETS))
     ap.add_argument("--model", metavar="DIR", type=path_arg, default=None,
                     help="with --drafter: judge it on this model instead (a Hugging Face "
-                    "directory; draft is None), at T=1 top-k 3 over the next 4 tokens of "
-                    f"{MODEL_PROMPT!r}, and greedily; e.g. a trained head on the target it was "
+                    f"directory; draft is None), at T={MODEL.temperature:g} top-k {MODEL.top_k} "
+                    f"over the next {MODEL.L} tokens of {MODEL_PROMPT!r}, and greedily; e.g. a "
+                    "trained head on the target it was "
                     "trained for")
     ap.add_argument("--quick", action="store_true",
                     help="the CI subset: fewer configurations and samples (minutes, not tens)")
