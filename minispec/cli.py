@@ -59,6 +59,7 @@ class Settings:
     exit_layer: int | None = None
     tree: tuple[int, ...] | None = None  # children per depth, for model-tree, medusa, eagle
     dynamic: tuple[int, int] | None = None  # EAGLE-2's (beam, nodes)
+    stop: float | None = None  # eagle: a chain ends where the head's confidence falls below it
 
 
 def shipped_pair() -> tuple[Path, Path]:
@@ -109,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dynamic", default=None, metavar="BEAM,NODES",
                     help="eagle: grow the --tree dynamically (EAGLE-2), expanding the BEAM most "
                     "probable nodes per depth and keeping the NODES most probable")
+    ap.add_argument("--stop", type=float, default=None, metavar="P",
+                    help="eagle (chain): end a round's chain where the head's own probability "
+                    "of it falls below P (a dynamic draft length, e.g. 0.2)")
     ap.add_argument("--prompt", default=None,
                     help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
@@ -172,7 +176,13 @@ class Session:
             drafter=args.drafter, exit_layer=args.exit_layer,
             tree=None if args.tree is None else check_shape(args.tree, "--tree"),
             dynamic=None if args.dynamic is None else parse_dynamic(args.dynamic),
+            stop=args.stop,
         )
+        if args.stop is not None and (args.drafter != "eagle" or args.tree is not None
+                                      or not 0 <= args.stop < 1):
+            raise MinispecError(f"--stop: a probability in [0, 1) for the eagle drafter's chain "
+                                f"(--drafter eagle, no --tree), got {args.stop} with --drafter "
+                                f"{args.drafter}{' --tree' if args.tree is not None else ''}")
         if args.html and not chain_drafter(self.settings):
             raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
                                 "early-exit, eagle without --tree)")
@@ -239,7 +249,8 @@ class Session:
     def drafter(self):
         s = self.settings
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
-                                 exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic)
+                                 exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic,
+                                 stop=s.stop if s.drafter == "eagle" else None)
 
     def generate(self, ids: list[int], speculative: bool, on_round=None, verify=None):
         from .drafters import NoDrafter
@@ -473,7 +484,8 @@ def describe_settings(s: Settings) -> str:
     return "\n".join([
         f"  mode         {'speculative' if s.speculative else 'plain autoregressive'}",
         f"  drafter      {s.drafter}" + (f" (tree {','.join(map(str, s.tree))})"
-                                         if s.tree else ""),
+                                         if s.tree else "")
+        + (f" (stop {s.stop:g})" if s.stop is not None and s.drafter == "eagle" else ""),
         f"  gamma        {s.gamma}",
         f"  temperature  {sp.temperature:g}   top_k {sp.top_k}   top_p {sp.top_p:g}",
         f"  length       {s.max_new_tokens}",

@@ -40,8 +40,9 @@ CACHE_NAME = "smollm2-135m-instruct"
 SOURCE_FILE = "minispec-source.json"  # written last into a conversion: the mark of a complete one
 COMMANDS = ("demo", "bench", "drafters", "judge")
 DRAFTERS = "ngram,early-exit"  # the drafters that need no draft model and no trained heads
-HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2",  # with the heads of this target
-         "drafters": "medusa,eagle,eagle-2"}  # (the drafters table names rows by first word)
+# with the heads of this target (the drafters table names rows by first word)
+HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2,eagle-stop",
+         "drafters": "medusa,eagle,eagle-2"}
 
 # ChatML, SmolLM2-Instruct's chat format (its tokenizer_config.json's chat_template, less the
 # default system prompt the template adds)

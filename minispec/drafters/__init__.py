@@ -37,24 +37,26 @@ SHIPPED_EAGLE = SHIPPED / "eagle"
 SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
                  "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
 
+EAGLE_STOP = 0.2  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
 # the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
 # `judge --drafter NAME` use: name -> (make_drafter's name, its options)
 PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
            "medusa": ("medusa", {}), "medusa-tree": ("medusa", {"tree": (2, 2, 1, 1)}),
            "eagle": ("eagle", {}), "eagle-tree": ("eagle", {"tree": (2, 2, 1, 1)}),
-           "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)})}
+           "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)}),
+           "eagle-stop": ("eagle", {"stop": EAGLE_STOP})}
 
 __all__ = [
-    "DRAFTERS", "Draft", "Drafter", "EagleDrafter", "EarlyExitDrafter", "MedusaDrafter",
-    "ModelDrafter", "NgramDrafter", "load_eagle", "load_medusa", "random_eagle", "random_medusa",
-    "NoDrafter", "PRESETS", "TreeModelDrafter", "check_vocabularies", "default_exit_layer",
-    "find_ngram", "make_drafter",
-    "sampled_vocab_size",
+    "DRAFTERS", "Draft", "Drafter", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
+    "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS", "TreeModelDrafter",
+    "check_vocabularies", "default_exit_layer", "find_ngram", "load_eagle", "load_medusa",
+    "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
 ]
 
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
-                 tree=None, medusa_dir=None, dynamic=None, eagle_dir=None) -> Drafter:
+                 tree=None, medusa_dir=None, dynamic=None, eagle_dir=None,
+                 stop: float | None = None) -> Drafter:
     """The drafter called `name` (one of DRAFTERS) for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
@@ -64,7 +66,8 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     the shipped heads trained for this target: weights/medusa for the shipped target,
     weights/smollm2/medusa for SmolLM2-135M-Instruct) and takes tree (default (1, 1, 1, 1));
     "eagle" loads a head from eagle_dir (default: the shipped head for this target, likewise)
-    and drafts a chain, or a tree given tree, grown dynamically given dynamic=(beam, nodes).
+    and drafts a chain (ended early where the head's confidence falls below stop, given
+    stop), or a tree given tree, grown dynamically given dynamic=(beam, nodes).
     Options a drafter does not use are ignored.
     """
     if name == "model":
@@ -84,7 +87,7 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     if name == "eagle":
         if eagle_dir is None:
             eagle_dir = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
-        return load_eagle(eagle_dir, target, tree, dynamic)
+        return load_eagle(eagle_dir, target, tree, dynamic, stop)
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

@@ -64,12 +64,20 @@ class EagleDrafter(Drafter):
     None for a chain, or children per depth for a tree; dynamic: (beam, nodes) for EAGLE-2's
     dynamic tree (with shape giving the children of each expanded node per depth); draft_vocab:
     the token ids the head may propose (ascending; None: all of them), see vocab.py.
+
+    stop: a chain's dynamic length. Before drafting token i the head's own (unwarped)
+    probability of the chain so far times the top probability of its next distribution is
+    compared with `stop`; below it, the chain ends there (it may be empty: a plain target step).
+    A token the head is unsure of is rarely accepted and costs a draft step and a verify row.
+    The rule reads only the drafts already made and the next distribution, never the token about
+    to be drawn, so every drafted token is still a plain draw from its q and verification stays
+    exact (choosing after the draw would bias the drafts toward tokens the head likes).
     """
 
     name = "eagle"
 
     def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None,
-                 draft_vocab=None) -> None:
+                 draft_vocab=None, stop: float | None = None) -> None:
         super().__init__(target)
         D = target.config.hidden_size
         if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
@@ -96,6 +104,12 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
+        if stop is not None and not (isinstance(stop, (int, float)) and 0 <= stop < 1
+                                     and shape is None):
+            raise MinispecError(f"eagle: stop must be a probability in [0, 1) and is for a "
+                                f"chain (no tree), got {stop!r:.40}"
+                                f"{' with a tree' if shape is not None else ''}")
+        self.stop = None if stop is None else float(stop)
         self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
@@ -151,15 +165,24 @@ class EagleDrafter(Drafter):
         if self.shape is not None:
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
+        sure = 1.0  # the head's own probability of the chain so far (for `stop`)
         for i in range(gamma):
             logits = self.draft_head(g)  # [1, V]
+            if self.stop is not None:  # decided before sampling: see `stop` in __init__
+                own = np.exp(logits[0] - np.logaddexp.reduce(logits[0]))  # unwarped
+                if sure * own.max() < self.stop:
+                    break
             q.append(warp(logits)[0])
             tokens.append(sample(q[-1], rng))
+            if self.stop is not None:
+                sure *= float(own[tokens[-1]])
             if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
                 pos = self.cache.length
                 g = self.layer.run_layers(self.fuse(g, tokens[-1:]), self.cache, pos)
                 self.cache.length = pos + 1
                 self.calls += 1
+        if not tokens:  # stopped before the first token
+            return self.empty_draft()
         return Draft(np.array(tokens, dtype=np.int64), np.array(q))
 
     def propose_tree(self, g, gamma, warp, rng) -> Draft:
@@ -248,7 +271,7 @@ def _layer_config(target, cfg: dict, source: str) -> ModelConfig:
                        tie_word_embeddings=True)
 
 
-def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
+def load_eagle(path, target, shape=None, dynamic=None, stop=None) -> EagleDrafter:
     """An EAGLE head from a directory (config.json + model.safetensors) for `target`."""
     path = Path(path)
     cfg, st_file = read_head_dir(path, "an EAGLE head")
@@ -280,11 +303,11 @@ def load_eagle(path, target, shape=None, dynamic=None) -> EagleDrafter:
     layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
                   name=f"eagle:{path.name}")
     return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
-                        read_draft_vocab(st, cfg, cfg_file))
+                        read_draft_vocab(st, cfg, cfg_file), stop)
 
 
 def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
-                 dynamic=None) -> EagleDrafter:
+                 dynamic=None, stop=None) -> EagleDrafter:
     """An untrained EAGLE head (for tests): every code path runs; acceptance is by chance."""
     c = target.config
     config = ModelConfig(family="llama", vocab_size=c.vocab_size, hidden_size=c.hidden_size,
@@ -296,4 +319,4 @@ def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
     rng = np.random.default_rng(seed)
     D = c.hidden_size
     return EagleDrafter(target, layer, rng.normal(0, scale / np.sqrt(D), (2 * D, D)),
-                        rng.normal(0, scale, D), shape, dynamic)
+                        rng.normal(0, scale, D), shape, dynamic, stop=stop)

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
-from ..drafters import PRESETS
+from ..drafters import EAGLE_STOP, PRESETS
 from ..errors import MinispecError
 from ..sampling import Sampling
 from ..shipped import display, path_arg
@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--drafters", default="ngram,early-exit", metavar="NAME,...",
                     help="with --draft none: minispec's drafters to run, some of "
                     f"{', '.join(SELF_DRAFTERS)} (-tree: 2,2,1,1; eagle-2: dynamic tree "
-                    "4,3,2,2, beam 3, 12 nodes); medusa and eagle take the heads trained for "
+                    "4,3,2,2, beam 3, 12 nodes; eagle-stop: a chain of dynamic length, --stop "
+                    f"{EAGLE_STOP:g}); medusa and eagle take the heads trained for "
                     "the target")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
