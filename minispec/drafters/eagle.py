@@ -176,6 +176,8 @@ class EagleDrafter(Drafter):
             tokens.append(sample(q[-1], rng))
             if self.stop is not None:
                 sure *= float(own[tokens[-1]])
+                if sure < self.stop:  # no next token can pass (its top probability is <= 1):
+                    break  # the same chain, without the layer and head calls that would show it
             if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
                 pos = self.cache.length
                 g = self.layer.run_layers(self.fuse(g, tokens[-1:]), self.cache, pos)
