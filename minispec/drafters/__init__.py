@@ -37,7 +37,7 @@ SHIPPED_EAGLE = SHIPPED / "eagle"
 SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
                  "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
 
-EAGLE_STOP = 0.2  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
+EAGLE_STOP = 0.15  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
 # the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
 # `judge --drafter NAME` use: name -> (make_drafter's name, its options)
 PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
