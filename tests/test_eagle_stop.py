@@ -99,7 +99,7 @@ def test_the_same_test_rejects_a_chain_cut_after_the_draw():
 
 
 def test_bad_stop_values_are_named():
-    for bad in (1.0, -0.1, "0.2", float("nan")):
+    for bad in (1.0, -0.1, "0.2", float("nan"), True):
         with pytest.raises(MinispecError, match="stop must be a probability"):
             random_eagle(TARGET, stop=bad)
     with pytest.raises(MinispecError, match="for a chain"):

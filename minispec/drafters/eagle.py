@@ -21,6 +21,9 @@ the verify call, no extra work), and the layer's cache is rolled back to the ent
 true features: the next round re-feeds the accepted drafts with their true features, so a wrong
 guess never compounds across rounds.
 
+A chain may end early: with `stop` it ends where the head's own probability of it falls below
+a threshold (a dynamic draft length; the rule is decided before each draw, so it stays exact).
+
 Trees: with `shape` (children per depth) each node of depth d - 1 gets the top k_d tokens of
 its guessed distribution (a static tree); with `dynamic=(beam, nodes)` the tree grows as in
 EAGLE-2: at each depth only the `beam` nodes with the highest cumulative draft probability are
@@ -104,8 +107,8 @@ class EagleDrafter(Drafter):
                 raise MinispecError(f"eagle: dynamic must be (beam >= 1, nodes in 1..64), got "
                                     f"{dynamic!r:.60}")
         self.dynamic = dynamic
-        if stop is not None and not (isinstance(stop, (int, float)) and 0 <= stop < 1
-                                     and shape is None):
+        if stop is not None and not (isinstance(stop, (int, float)) and not isinstance(stop, bool)
+                                     and 0 <= stop < 1 and shape is None):
             raise MinispecError(f"eagle: stop must be a probability in [0, 1) and is for a "
                                 f"chain (no tree), got {stop!r:.40}"
                                 f"{' with a tree' if shape is not None else ''}")
