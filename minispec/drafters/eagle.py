@@ -172,7 +172,8 @@ class EagleDrafter(Drafter):
         for i in range(gamma):
             logits = self.draft_head(g)  # [1, V]
             if self.stop is not None:  # decided before sampling: see `stop` in __init__
-                own = np.exp(logits[0] - np.logaddexp.reduce(logits[0]))  # unwarped
+                own = np.exp(logits[0] - logits[0].max())
+                own /= own.sum()  # the head's unwarped distribution
                 if sure * own.max() < self.stop:
                     break
             q.append(warp(logits)[0])
