@@ -330,4 +330,25 @@ def report(rows: list[Row], controls: list[Row], notes: list[str], plot_path: st
           f"{sum(r.passed for r in rows)}/{len(rows)} true tests pass, "
           f"{sum(j[-1] for j in judged)}/{len(judged)} controls rejected, "
           f"{time.perf_counter() - t0:.1f} s")
+    for line in advice(rows, ok_controls):
+        print(line)
     return EXIT_PASS if ok_rows and ok_controls else EXIT_FAIL
+
+
+def advice(rows: list[Row], ok_controls: bool) -> list[str]:
+    """What a FAIL asks of the user next: chance or a bug, and how to tell them apart."""
+    out = []
+    failed = [r for r in rows if not r.passed]
+    outright = [r for r in failed if r.fit.note]  # an impossible draw, or an error
+    if outright:
+        out.append(f"{outright[0].config}, {outright[0].test}: {outright[0].fit.note}. "
+                   "That is a bug, not chance.")
+    elif failed:
+        out.append(f"An exact sampler fails here about once in {round(1 / FAMILY_ALPHA)} runs "
+                   f"(family alpha {FAMILY_ALPHA}): rerun with another --seed (and, with "
+                   "--generator or --drafter, more --samples). A bias fails again, with smaller "
+                   "p-values as the samples grow; chance does not.")
+    if not ok_controls:
+        out.append("A control not rejected: the tests had too little power to see that bug at "
+                   "this budget (with --generator or --drafter, raise --samples).")
+    return out
