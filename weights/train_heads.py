@@ -376,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="weight of a cross-entropy on the target's argmax token (greedy drafts)")
     ap.add_argument("--init-eagle", default=None,
                     help="start EAGLE from this head (a directory this script wrote)")
+    ap.add_argument("--init-medusa", default=None,
+                    help="start Medusa from these heads (a directory this script wrote)")
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads")
     ap.add_argument("--data-cache", default=None,
                     help="a .pt file: reuse the sequences and features saved there, else save "
@@ -626,6 +628,13 @@ def main(argv: list[str] | None = None) -> None:
         K = args.heads
         W = torch.nn.Parameter(torch.zeros(K, D, D))  # [K, out, in]
         b = torch.nn.Parameter(torch.zeros(K, D))
+        if args.init_medusa:  # continue a run: the heads this script saved (F16)
+            from safetensors.torch import load_file
+            st = load_file(str(Path(args.init_medusa) / "model.safetensors"))
+            with torch.no_grad():
+                for k in range(K):
+                    W[k] = st[f"medusa_head.{k}.weight"].float()
+                    b[k] = st[f"medusa_head.{k}.bias"].float()
         opt = torch.optim.AdamW([W, b], lr=args.medusa_lr, weight_decay=0.0, betas=(0.9, 0.95))
 
         def medusa(h, k):
@@ -681,7 +690,8 @@ def main(argv: list[str] | None = None) -> None:
         config = {"medusa_num_heads": K, "hidden_size": D, "target": target_id, **cut_fields,
                   "about": "Medusa-1 heads: head k (0-based) guesses the token k + 2 positions "
                            "after the hidden state it reads; weights/train_heads.py",
-                  "training": {**report, "epochs": args.medusa_epochs, "steps": len(plan),
+                  "training": {**report, "init": args.init_medusa,
+                               "epochs": args.medusa_epochs, "steps": len(plan),
                                "batch": args.batch, "lr": args.medusa_lr, "seed": args.seed,
                                **times}}
         (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
