@@ -631,6 +631,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_medusa:  # continue a run: the heads this script saved (F16)
             from safetensors.torch import load_file
             st = load_file(str(Path(args.init_medusa) / "model.safetensors"))
+            if (f"medusa_head.{K - 1}.weight" not in st
+                    or st["medusa_head.0.weight"].shape != W[0].shape):
+                raise SystemExit(f"--init-medusa {args.init_medusa}: expected {K} heads of "
+                                 f"[{D}, {D}] (--heads, this target's width)")
             with torch.no_grad():
                 for k in range(K):
                     W[k] = st[f"medusa_head.{k}.weight"].float()
