@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 from conftest import tiny_config
+from stats_helpers import sample_joint
 
 import minispec
 from minispec.drafters import load_eagle, load_medusa, make_drafter, random_eagle, random_medusa
 from minispec.drafters.files import find_head_dir, target_signature
 from minispec.drafters.vocab import DraftHead
 from minispec.errors import MinispecError
-from minispec.judge.stats import E2E, exact_joint, joint_row
 from minispec.loader import random_model
 from minispec.safetensors import SafetensorsFile, save_file
 
@@ -88,14 +88,7 @@ class CutReported(minispec.Drafter):
 
 
 def _sample_joint(drafter, n):
-    cfg = E2E(1.0, top_k=4, L=3, draft="near")
-    prompt = [1, 5, 9]
-    samples = []
-    for seed in range(n):
-        out = minispec.speculative_generate(TARGET, drafter, prompt, gamma=3, max_new_tokens=3,
-                                            temperature=1.0, top_k=4, seed=seed)
-        samples.append(tuple(out.tokens))
-    return joint_row("D", drafter.name, exact_joint(TARGET, prompt, cfg), samples), samples
+    return sample_joint(TARGET, drafter, n, top_k=4, L=3)
 
 
 @pytest.mark.parametrize("make", [lambda: random_eagle(TARGET, seed=2, scale=0.1),

@@ -5,11 +5,11 @@ the tempting variant that decides after it; bad values are named."""
 
 import pytest
 from conftest import tiny_config
+from stats_helpers import sample_joint
 
 import minispec
 from minispec.drafters import make_drafter, random_eagle
 from minispec.errors import MinispecError
-from minispec.judge.stats import E2E, exact_joint, joint_row
 from minispec.loader import random_model
 
 TARGET = random_model(tiny_config(), seed=0, scale=0.5)
@@ -76,14 +76,7 @@ class DecidedAfterTheDraw(minispec.Drafter):
 
 def _sample_joint(drafter, n):
     # 4 tokens: round 1 has no features to draft from, round 2 drafts a chain of up to 2
-    cfg = E2E(1.0, top_k=2, L=4, draft="near")
-    prompt = [1, 5, 9]
-    samples = []
-    for seed in range(n):
-        out = minispec.speculative_generate(TARGET, drafter, prompt, gamma=3, max_new_tokens=4,
-                                            temperature=1.0, top_k=2, seed=seed)
-        samples.append(tuple(out.tokens))
-    return joint_row("D", drafter.name, exact_joint(TARGET, prompt, cfg), samples)
+    return sample_joint(TARGET, drafter, n, top_k=2, L=4)[0]
 
 
 def test_sampling_with_a_dynamic_chain_follows_the_target():
