@@ -88,12 +88,11 @@ def _gpt2_prefix(names) -> str:
 def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix: str = ""):
     """The weight dicts model.py takes, from HF-named tensors. get(name) -> host array (HF layout);
     put(host array) -> contiguous device array in the compute dtype."""
-    # every linear weight w [in, out] is, on the CPU, a view of an [out, in] array: each output's
-    # weights one contiguous row, which backend.few_rows_matmul streams (on a GPU: [in, out])
-    rows_out = isinstance(put(np.zeros((1, 1), np.float32)), np.ndarray)
-
+    # every linear weight w [in, out] is a view of an [out, in] array: each output's weights one
+    # contiguous row, which the few-rows products stream (backend.few_rows_matmul on the CPU,
+    # cuda_graphs.py's kernel on a GPU; cuBLAS reads the view as a transposed matrix, no copy)
     def lin(a):  # the checkpoint's [out, in] -> w [in, out]
-        return put(a).T if rows_out else put(a.T)
+        return put(a).T
 
     layers = []
     if c.family == "gpt2":
@@ -201,7 +200,7 @@ def _compute_dtype(dtype) -> np.dtype:
 def _putter(xp, dtype: np.dtype):
     def put(a: np.ndarray):
         # always a copy: a view into the memory-mapped file would break if the file changed later
-        host = np.array(a, dtype=dtype, order="C", copy=xp is np)
+        host = np.array(a, dtype=dtype, order="C", copy=True if xp is np else None)
         return host if xp is np else xp.asarray(host)
     return put
 

@@ -27,7 +27,10 @@ def test_round_trip_f32(tmp_path, family, tied, device):
     assert names["tie_word_embeddings"] is tied
     loaded = load(tmp_path, device=device)
     assert loaded.config == m.config and loaded.device == device and loaded.name == tmp_path.name
-    np.testing.assert_array_equal(loaded.logits(TOKENS), m.logits(TOKENS))
+    if device == "cpu":
+        np.testing.assert_array_equal(loaded.logits(TOKENS), m.logits(TOKENS))
+    else:  # cuBLAS sums the products in another order than the CPU's kernel
+        np.testing.assert_allclose(loaded.logits(TOKENS), m.logits(TOKENS), rtol=1e-4, atol=1e-4)
 
 
 def test_loaded_weights_do_not_depend_on_the_file(tmp_path):
