@@ -72,6 +72,8 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
 def batch_hidden(model: Model, tokens: list[list[int]], caches: list[KVCache]) -> list:
     """Model.hidden for B sequences in one call: feed tokens[b] at caches[b].length.., advance
     each cache -> the last hidden states, one [T_b, D] array per sequence."""
+    if len(caches) == 1 and model.step_graphs is not None:  # one sequence: a CUDA graph's replay
+        return [model.hidden(tokens[0], caches[0])]
     starts = [c.length for c in caches]
     sizes = [len(t) for t in tokens]
     h = batch_run_layers(model, batch_embed(model, tokens, starts), caches, starts, sizes)

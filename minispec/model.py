@@ -231,6 +231,7 @@ class Model:
         self._inv_freq = rope_inv_freq(config) if config.family != "gpt2" else None
         self._cos = self._sin = None
         self._rope_len = 0
+        self.step_graphs = None  # on the GPU, cuda_graphs.enable(model): a speed path, same math
         if self._inv_freq is not None:
             self._grow_rope(min(config.max_position_embeddings, DEFAULT_MAX_CACHE))
 
@@ -262,6 +263,12 @@ class Model:
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty cache for up to max_len positions (default: the context, at most 4096)."""
+        if self.step_graphs is not None:  # reuses a finished cache's arrays and their graphs
+            return self.step_graphs.new_cache(max_len)
+        return self.plain_new_cache(max_len)
+
+    def plain_new_cache(self, max_len: int | None = None) -> KVCache:
+        """new_cache without the CUDA graphs' reuse of arrays (always fresh zeros)."""
         c = self.config
         if max_len is None:
             max_len = min(c.max_position_embeddings, DEFAULT_MAX_CACHE)
@@ -357,6 +364,10 @@ class Model:
     def hidden(self, tokens, cache: KVCache):
         """Feed T tokens at positions cache.length.., advance the cache -> the last hidden state
         h [T, D] (before the final norm: what Medusa heads and EAGLE read)."""
+        if self.step_graphs is not None:  # a few tokens on the GPU: a replayed CUDA graph
+            h = self.step_graphs.hidden(tokens, cache)
+            if h is not None:
+                return h
         pos = cache.length
         h = self.embed(tokens, pos)  # [T] -> [T, D]
         h = self.run_layers(h, cache, pos)  # [T, D]

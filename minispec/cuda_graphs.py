@@ -1,0 +1,556 @@
+"""The GPU speed path: a decode or verify step replayed as one CUDA graph of fused kernels.
+
+Skippable: the teaching path is model.py, and this file computes the same function. On a GPU a
+decode step of a 1B model is ~900 small kernels (RMSNorm alone is nine: a cast, a square, a sum,
+...), and CuPy spends microseconds of Python on each launch: the launches, not the weight reads,
+set the speed (measured on an H200: 18 ms a step, 3% of the memory floor). Two remedies, both
+here:
+
+  1. fewer kernels: each weight product, RMSNorm, RoPE with the cache write, attention over the
+     cache, and SiLU(gate) * up are one kernel each (eight per layer);
+  2. one launch: the step is captured once as a CUDA graph and replayed (1.46 ms, 39%).
+
+CuPy refuses cuBLAS calls while a stream is captured, so the weight products are this file's own
+kernel: one warp per output row, 16-byte loads, each weight read once for all the call's rows
+(the GPU form of backend.few_rows_matmul). A graph replays fixed pointers and shapes, so the
+step is written shape-static: the token ids and the first position live in device buffers that
+the host fills before each replay, the new keys and values are written at their positions, and
+attention reads the cache up to each query's position, read on the device.
+
+`static_hidden` is that step on any xp with any kernels: tests run it on NumPy with the plain
+functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs` captures it on CuPy
+with `FusedKernels` and is what `enable(model)` hangs on the model: Model.hidden then replays a
+graph for every call of 1..max_tokens tokens (decode steps, chain verify calls) and takes the
+plain path for anything else (prefill, trees, batches of several sequences).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections import OrderedDict
+
+import numpy as np
+
+from .errors import MinispecError
+from .model import attention, gelu_new, linear, mlp, norm, rope
+
+# ------------------------------------------------------------------------------------------------
+# the step, shape-static: no value is read back to the host, every shape depends on T and S_max
+
+
+class PlainKernels:
+    """The pieces of a block as model.py computes them (any xp): the reference."""
+
+    def __init__(self, xp):
+        self.xp = xp
+
+    def norm(self, x, w, b, eps):
+        return norm(x, w, b, eps)
+
+    def linear(self, x, w, b=None, res=None):
+        """x @ w (+ b) (+ res, the residual stream)."""
+        y = linear(x, w, b)
+        return y if res is None else res + y
+
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv):
+        """Rotate the q and k heads of qkv [T, H+2K, E] (q in place) and write k, v into the
+        caches [K, S_max, E] at `positions`. tables: the RoPE (cos, sin) [P, E/2], or None."""
+        n_rot = n_heads + n_kv
+        if tables is not None:
+            qkv[:, :n_rot] = rope(self.xp, qkv[:, :n_rot], tables[0][positions],
+                                  tables[1][positions])
+        k_cache[:, positions] = qkv[:, n_heads:n_rot].transpose(1, 0, 2)  # [K, T, E], scattered
+        v_cache[:, positions] = qkv[:, n_rot:].transpose(1, 0, 2)
+
+    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window):
+        """Attention of the T queries in qkv at `positions` over the whole cache -> [T, H*E]."""
+        xp = self.xp
+        i, j = positions[:, None], xp.arange(k_cache.shape[1])[None, :]  # [T, 1], [1, S_max]
+        mask = j <= i
+        if window is not None:
+            mask &= j > i - window
+        return attention(xp, qkv[:, :n_heads], k_cache, v_cache, mask)
+
+    def mlp(self, x, p, res=None):
+        y = mlp(self.xp, x, p)
+        return y if res is None else res + y
+
+
+def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions):
+    """model.block with the positions on the device: x [T, D] -> [T, D]."""
+    n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
+    xn = kernels.norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
+    qkv = kernels.linear(xn, p["wqkv"], p["bqkv"]).reshape(x.shape[0], n_heads + 2 * n_kv, e)
+    kernels.rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv)
+    att = kernels.attention(qkv, k_cache, v_cache, positions, n_heads, config.sliding_window)
+    x = kernels.linear(att, p["wo"], p["bo"], res=x)  # x + attn
+    return kernels.mlp(kernels.norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p,
+                       res=x)  # x + mlp
+
+
+def static_hidden(model, kernels, ids, positions, cache):
+    """Model.hidden for T tokens `ids` at `positions` (device arrays, pos..pos+T-1) on `cache`,
+    without reading anything back to the host; does not change cache.length. The RoPE tables
+    must already cover cache.max_len positions (StepGraphs grows them before a capture)."""
+    w = model.weights
+    h = w["embed"][ids]  # [T, D]
+    if w["pos_embed"] is not None:
+        h = h + w["pos_embed"][positions]
+    tables = None if model._inv_freq is None else (model._cos, model._sin)  # [P, E/2] each
+    for i in range(model.n_layers):
+        h = static_block(kernels, h, w["layers"][i], model.config, tables, cache.k[i],
+                         cache.v[i], positions)
+    return h
+
+
+# ------------------------------------------------------------------------------------------------
+# fused kernels (CUDA C, compiled by CuPy on first use). No cuBLAS: CuPy refuses cuBLAS calls
+# while a stream is captured, and a decode step's products are matrix-vector products anyway,
+# bound by reading the weights once, which the few-rows kernel below does for up to 16 rows.
+
+_SOURCE = r"""
+#include <cuda_fp16.h>
+
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// the sum (or max) of v over the block, returned to every thread; red holds 32 floats
+__device__ float block_reduce(float v, float* red, bool is_max) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // red may still be read by a previous call; earlier shared writes land
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float init = is_max ? NEG_INF : 0.0f;
+    float r = lane < n_warps ? red[lane] : init;
+    return is_max ? warp_max(r) : warp_sum(r);
+}
+
+// 8 consecutive values from p (16-byte aligned) as floats
+__device__ inline void load8(const __half* p, float* v) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 f = __half22float2(h[k]);
+        v[2 * k] = f.x;
+        v[2 * k + 1] = f.y;
+    }
+}
+__device__ inline void load8(const float* p, float* v) {
+    float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+// acc[r] += this lane's share of (weight row wr) . (x row r), for rows r < t <= R: each weight
+// is read once for all rows. A row's sum runs in the same order whatever t is, so a verify
+// call's rows equal one-token steps bit for bit.
+template <typename T, int R>
+__device__ inline void dot_rows(const T* __restrict__ x, const T* __restrict__ wr, int t,
+                                int d_in, float* acc) {
+    int lane = threadIdx.x & 31;
+    if ((d_in & 7) == 0) {  // 16-byte loads of 8 values
+        for (int i = lane * 8; i < d_in; i += 256) {
+            float wv[8];
+            load8(wr + i, wv);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r < t) {
+                    float xv[8];
+                    load8(x + (long long)r * d_in + i, xv);
+#pragma unroll
+                    for (int k = 0; k < 8; k++) acc[r] += wv[k] * xv[k];
+                }
+            }
+        }
+    } else {
+        for (int i = lane; i < d_in; i += 32) {
+            float wv = float(wr[i]);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (r < t) acc[r] += wv * float(x[(long long)r * d_in + i]);
+        }
+    }
+}
+
+// y [t, d_out] = x [t, d_in] w^T for w [d_out, d_in] (one output per row), + b [d_out] if has_b,
+// + res [t, d_out] if has_res. One warp per output, t <= R.
+template <typename T, int R>
+__global__ void rows_matmul(const T* __restrict__ x, const T* __restrict__ w, const T* b,
+                            const T* res, T* y, int t, int d_in, int d_out, int has_b,
+                            int has_res) {
+    int o = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (o >= d_out) return;  // the whole warp
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    dot_rows<T, R>(x, w + (long long)o * d_in, t, d_in, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r < t) {
+            float s = warp_sum(acc[r]);
+            if ((threadIdx.x & 31) == 0) {
+                if (has_b) s = float(T(s)) + float(b[o]);
+                long long at = (long long)r * d_out + o;
+                y[at] = has_res ? T(float(res[at]) + float(T(s))) : T(s);
+            }
+        }
+    }
+}
+
+// SwiGLU's first half: y [t, d_out] = silu(x wg^T) * (x wu^T), both weights one output per row
+template <typename T, int R>
+__global__ void rows_swiglu(const T* __restrict__ x, const T* __restrict__ wg,
+                            const T* __restrict__ wu, T* y, int t, int d_in, int d_out) {
+    int o = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    if (o >= d_out) return;
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
+    dot_rows<T, R>(x, wg + (long long)o * d_in, t, d_in, ag);
+    dot_rows<T, R>(x, wu + (long long)o * d_in, t, d_in, au);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (r < t) {
+            float g = float(T(warp_sum(ag[r]))), u = float(T(warp_sum(au[r])));
+            if ((threadIdx.x & 31) == 0)
+                y[(long long)r * d_out + o] = T(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
+        }
+    }
+}
+
+// RMSNorm of one row per block: y = T(x / sqrt(mean(x^2) + eps)) * w
+template <typename T>
+__global__ void rms_norm(const T* x, const T* w, T* y, int d, float eps) {
+    __shared__ float red[32];
+    const T* xr = x + (long long)blockIdx.x * d;
+    T* yr = y + (long long)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float a = float(xr[j]);
+        ss += a * a;
+    }
+    float r = sqrtf(block_reduce(ss, red, false) / d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        yr[j] = T(float(T(float(xr[j]) / r)) * float(w[j]));
+}
+
+// qkv [t, H+2K, e] at positions qpos: RoPE (tables cs, sn [P, e/2], if has_rope) on the q and k
+// heads, q written back in place, k and v written to the caches kc, vc [K, s_max, e].
+// One thread per (row, head, pair j < e/2).
+template <typename T>
+__global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
+                           const long long* qpos, int t, int n_heads, int n_kv, int e, int s_max,
+                           int has_rope) {
+    int half = e / 2, n_all = n_heads + 2 * n_kv;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)t * n_all * half) return;
+    int j = (int)(i % half);
+    long long rest = i / half;
+    int n = (int)(rest % n_all), r = (int)(rest / n_all);
+    long long p = qpos[r];
+    T* row = qkv + ((long long)r * n_all + n) * e;
+    float x1 = float(row[j]), x2 = float(row[j + half]);
+    if (has_rope && n < n_heads + n_kv) {
+        float c = float(cs[p * half + j]), s = float(sn[p * half + j]);
+        float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+        x1 = y1;
+        x2 = y2;
+    }
+    if (n < n_heads) {
+        row[j] = T(x1);
+        row[j + half] = T(x2);
+        return;
+    }
+    bool is_k = n < n_heads + n_kv;
+    int kvh = is_k ? n - n_heads : n - n_heads - n_kv;
+    T* dst = (is_k ? kc : vc) + ((long long)kvh * s_max + p) * e;
+    dst[j] = T(x1);
+    dst[j + half] = T(x2);
+}
+
+// attention of query row r (position qpos[r]) and head h over keys lo < j <= qpos[r] of kv head
+// h / (H/K) in the caches: out [t, H*e]. One block per (h, r); blockDim a multiple of 32, >= e.
+// Shared memory: s_max scores, e query values, blockDim partial sums.
+template <typename T>
+__global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
+                                const long long* qpos, int t, int n_heads, int n_kv, int e,
+                                int s_max, float scale, int window) {
+    extern __shared__ float sh[];
+    __shared__ float red[32];
+    float* sc = sh;
+    float* qs = sh + s_max;
+    float* part = qs + e;
+    int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
+    int kvh = h / (n_heads / n_kv);
+    long long p = qpos[r], lo = window > 0 ? p - window : -1;
+    const T* q = qkv + ((long long)r * (n_heads + 2 * n_kv) + h) * e;
+    const T* K = kc + (long long)kvh * s_max * e;
+    const T* V = vc + (long long)kvh * s_max * e;
+    for (int d = tid; d < e; d += blockDim.x) qs[d] = float(q[d]);
+    __syncthreads();
+    int n = (int)p + 1;
+    float m = NEG_INF;
+    for (int j = tid; j < n; j += blockDim.x) {
+        float s = NEG_INF;
+        if (j > lo) {
+            const T* kr = K + (long long)j * e;
+            float a = 0.0f;
+            for (int d = 0; d < e; d++) a += qs[d] * float(kr[d]);
+            s = a * scale;
+        }
+        sc[j] = s;
+        m = fmaxf(m, s);
+    }
+    m = block_reduce(m, red, true);
+    float z = 0.0f;
+    for (int j = tid; j < n; j += blockDim.x) {
+        float w = j > lo ? expf(sc[j] - m) : 0.0f;
+        sc[j] = w;
+        z += w;
+    }
+    z = block_reduce(z, red, false);  // (its barriers make every sc[j] visible)
+    int parts = blockDim.x / e, d = tid % e, k = tid / e;
+    float acc = 0.0f;
+    if (k < parts)
+        for (int j = k; j < n; j += parts) acc += sc[j] * float(V[(long long)j * e + d]);
+    part[tid] = acc;
+    __syncthreads();
+    if (tid < e) {
+        float s = 0.0f;
+        for (int k2 = 0; k2 < parts; k2++) s += part[k2 * e + tid];
+        out[(long long)r * n_heads * e + (long long)h * e + tid] = T(s / z);
+    }
+}
+"""
+
+_ROWS = (1, 2, 4, 8, 16)  # the few-rows products are compiled for at most this many rows
+_THREADS = 256
+MAX_CACHE = 8192  # cache_attention keeps a row's scores in shared memory (48 KB)
+
+
+def _kernel_names(t: str) -> list[str]:
+    return ([f"rows_matmul<{t}, {r}>" for r in _ROWS] + [f"rows_swiglu<{t}, {r}>" for r in _ROWS]
+            + [f"rms_norm<{t}>", f"rope_store<{t}>", f"cache_attention<{t}>"])
+
+
+class FusedKernels(PlainKernels):
+    """The same pieces as one CUDA kernel each, float32 or float16, no cuBLAS; LayerNorm and
+    GPT-2's GELU stay plain CuPy (elementwise kernels and reductions, which capture fine)."""
+
+    def __init__(self, cp, dtype):
+        super().__init__(cp)
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float16):
+            raise MinispecError(f"cuda_graphs: fused kernels compute float32 or float16, got "
+                                f"{dtype}")
+        t = "float" if dtype == np.float32 else "__half"
+        names = _kernel_names(t)
+        module = cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=names)
+        self._k = {n.replace(f"{t}, ", "").replace(f"<{t}>", ""): module.get_function(n)
+                   for n in names}  # "rows_matmul<4>", "rms_norm", ...
+
+    @staticmethod
+    def _rows(t: int) -> int:
+        return next(r for r in _ROWS if r >= t)
+
+    @staticmethod
+    def _blocks(d_out: int) -> int:  # one warp per output
+        return -(-d_out * 32 // _THREADS)
+
+    def _weight(self, w):
+        wt = w.T  # [out, in], one output per row (loader.py stores every weight so)
+        if not wt.flags.c_contiguous:
+            raise MinispecError("cuda_graphs: a weight is not stored one output per row")
+        return wt
+
+    def linear(self, x, w, b=None, res=None):
+        x = self.xp.ascontiguousarray(x)
+        if x.data.ptr % 16:  # the kernel's 16-byte loads
+            x = x.copy()
+        t, d_in = x.shape
+        wt = self._weight(w)
+        y = self.xp.empty((t, wt.shape[0]), dtype=x.dtype)
+        self._k[f"rows_matmul<{self._rows(t)}>"](
+            (self._blocks(wt.shape[0]),), (_THREADS,),
+            (x, wt, x if b is None else b, x if res is None else self.xp.ascontiguousarray(res),
+             y, np.int32(t), np.int32(d_in), np.int32(wt.shape[0]), np.int32(b is not None),
+             np.int32(res is not None)))
+        return y
+
+    def norm(self, x, w, b, eps):
+        if b is not None:  # LayerNorm
+            return norm(x, w, b, eps)
+        x = self.xp.ascontiguousarray(x)
+        y = self.xp.empty_like(x)
+        self._k["rms_norm"]((x.shape[0],), (_THREADS,),
+                            (x, w, y, np.int32(x.shape[1]), np.float32(eps)))
+        return y
+
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv):
+        t, n_all, e = qkv.shape  # qkv: the product's fresh output, C-contiguous
+        n = t * n_all * (e // 2)
+        cs, sn = tables if tables is not None else (qkv, qkv)
+        self._k["rope_store"](((n + _THREADS - 1) // _THREADS,), (_THREADS,),
+                              (qkv, cs, sn, k_cache, v_cache, positions, np.int32(t),
+                               np.int32(n_heads), np.int32(n_kv), np.int32(e),
+                               np.int32(k_cache.shape[1]), np.int32(tables is not None)))
+
+    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window):
+        t, n_all, e = qkv.shape
+        s_max = k_cache.shape[1]
+        out = self.xp.empty((t, n_heads * e), dtype=qkv.dtype)
+        self._k["cache_attention"](
+            (n_heads, t), (_THREADS,),
+            (qkv, k_cache, v_cache, out, positions, np.int32(t), np.int32(n_heads),
+             np.int32((n_all - n_heads) // 2), np.int32(e), np.int32(s_max),
+             np.float32(1.0 / math.sqrt(e)), np.int32(window or 0)),
+            shared_mem=4 * (s_max + e + _THREADS))
+        return out
+
+    def mlp(self, x, p, res=None):
+        if p["w_gate"] is None:  # GPT-2: GELU stays plain
+            y = self.linear(x, p["w_up"], p["b_up"])
+            return self.linear(gelu_new(self.xp, y), p["w_down"], p["b_down"], res=res)
+        y = self._swiglu(x, p["w_gate"], p["w_up"])
+        return self.linear(y, p["w_down"], p["b_down"], res=res)
+
+    def _swiglu(self, x, w_gate, w_up):
+        """silu(x @ w_gate) * (x @ w_up), one kernel."""
+        x = self.xp.ascontiguousarray(x)
+        if x.data.ptr % 16:
+            x = x.copy()
+        t, d_in = x.shape
+        wg, wu = self._weight(w_gate), self._weight(w_up)
+        y = self.xp.empty((t, wg.shape[0]), dtype=x.dtype)
+        self._k[f"rows_swiglu<{self._rows(t)}>"](
+            (self._blocks(wg.shape[0]),), (_THREADS,),
+            (x, wg, wu, y, np.int32(t), np.int32(d_in), np.int32(wg.shape[0])))
+        return y
+
+
+def supported(model) -> str | None:
+    """Why CUDA graphs cannot serve this model, or None when they can."""
+    c = model.config
+    if model.device != "gpu":
+        return f"CUDA graphs need a model on the GPU, got {model.device!r}"
+    if c.head_dim % 2 or c.head_dim > _THREADS:
+        return f"head_dim {c.head_dim}: the fused attention takes even head dims up to {_THREADS}"
+    if np.dtype(model.dtype) not in (np.float32, np.float16):
+        return f"fused kernels compute float32 or float16, got {model.dtype}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# capture and replay
+
+
+class _Graph:
+    """One captured step: its graph, its input buffers and the output it writes."""
+
+    def __init__(self, cache_k, graph, ids, start, h):
+        self.cache_k, self.graph, self.ids, self.start, self.h = cache_k, graph, ids, start, h
+
+
+class StepGraphs:
+    """Model.hidden for 1..max_tokens tokens as replayed CUDA graphs, one per (cache, T).
+
+    A graph is captured the first time a cache sees a call of T tokens (a warm-up step, then the
+    capture: the cost of a few steps), and replayed after that; the `max_graphs` most recently
+    used are kept. The graphs' scratch memory comes from a private pool, so nothing else is ever
+    handed memory a replay writes to.
+    """
+
+    def __init__(self, model, *, max_tokens: int = 16, max_graphs: int = 16):
+        why = supported(model)
+        if why is not None:
+            raise MinispecError(f"cuda_graphs: {why}")
+        if not 1 <= max_tokens <= _ROWS[-1]:
+            raise MinispecError(f"cuda_graphs: max_tokens must be in 1..{_ROWS[-1]}, got "
+                                f"{max_tokens!r}")
+        cp = model.xp
+        self.model, self.cp = model, cp
+        self.max_tokens, self.max_graphs = max_tokens, max_graphs
+        self.kernels = FusedKernels(cp, model.dtype)
+        self.pool = cp.cuda.MemoryPool()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self.captures = 0
+        self._free: dict[tuple, list] = {}  # shape -> released (k, v) arrays, for new_cache
+
+    def new_cache(self, max_len=None):
+        """Model.new_cache, reusing the arrays of a cache that is gone: its graphs then serve
+        the new one (a graph is tied to the arrays it was captured on)."""
+        cache = self.model.plain_new_cache(max_len)
+        free = self._free.get(cache.k.shape)
+        if free:
+            cache.k, cache.v = free.pop()
+        weakref.finalize(cache, self._free.setdefault(cache.k.shape, []).append,
+                         (cache.k, cache.v))
+        return cache
+
+    def hidden(self, tokens, cache):
+        """Model.hidden(tokens, cache) by a graph replay, or None where a graph does not serve
+        (more than max_tokens tokens, or a cache longer than MAX_CACHE: the caller then takes the
+        plain path)."""
+        m, t, pos = self.model, len(tokens), cache.length
+        if not 1 <= t <= self.max_tokens or cache.max_len > MAX_CACHE:
+            return None
+        ids = m._token_array(tokens)  # checked, on the device
+        m._check_span(pos, t, cache)
+        key = (id(cache.k), t)
+        g = self.graphs.get(key)
+        if g is None or g.cache_k is not cache.k:  # (an id can be reused by a new cache)
+            g = self._capture(cache, ids)
+            self.graphs[key] = g
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        g.ids[...] = ids
+        g.start.fill(pos)
+        g.graph.launch()  # on the current stream, after the two writes above
+        cache.length = pos + t
+        return g.h.copy()  # the graph's output buffer is rewritten by its next replay
+
+    def _capture(self, cache, ids) -> _Graph:
+        cp, m, t = self.cp, self.model, int(ids.shape[0])
+        if m._inv_freq is not None and cache.max_len > m._rope_len:
+            m._grow_rope(cache.max_len)
+        cp.cuda.Device().synchronize()  # the cache's earlier writes are done
+        ids_buf = ids.copy()  # the inputs: rewritten before every replay
+        start = cp.full((1,), cache.length, dtype=cp.int64)
+        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+
+            def step():
+                return static_hidden(m, self.kernels, ids_buf, start + cp.arange(t), cache)
+
+            step()  # warm-up: compiles kernels, fills the pool, sets cuBLAS up on this stream
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                h = step()
+            finally:
+                graph = self.stream.end_capture()
+            graph.upload(self.stream)  # instantiate now, not at the first replay
+            self.stream.synchronize()
+        self.captures += 1
+        return _Graph(cache.k, graph, ids_buf, start, h)
+
+
+def enable(model, **kw) -> StepGraphs:
+    """Make Model.hidden replay CUDA graphs for calls of a few tokens (see StepGraphs)."""
+    model.step_graphs = StepGraphs(model, **kw)
+    return model.step_graphs
+
+
+def disable(model) -> None:
+    """Back to the plain path."""
+    model.step_graphs = None

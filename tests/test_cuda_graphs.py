@@ -1,0 +1,152 @@
+"""The GPU speed path (minispec/cuda_graphs.py) against the plain forward pass.
+
+The shape-static step runs on NumPy too, so its logic (positions on the device, scattered cache
+writes, attention over the whole cache under a mask) is checked on every machine; the fused
+kernels and the graph capture need CuPy and a GPU."""
+
+import numpy as np
+import pytest
+from conftest import FAMILIES, GPU, tiny_config
+
+from minispec import cuda_graphs
+from minispec.errors import MinispecError
+from minispec.loader import random_model
+from minispec.speculative import autoregressive_generate
+
+needs_gpu = pytest.mark.skipif(not GPU, reason="CuPy/NVIDIA GPU not available")
+
+
+def _static(m, kernels, tokens, cache):
+    xp = m.xp
+    if m._inv_freq is not None and cache.max_len > m._rope_len:
+        m._grow_rope(cache.max_len)
+    ids = xp.asarray(np.asarray(tokens, dtype=np.int64))
+    positions = cache.length + xp.arange(len(tokens))
+    h = cuda_graphs.static_hidden(m, kernels, ids, positions, cache)
+    cache.length += len(tokens)
+    return h
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_step_equals_the_plain_step(family):
+    """Prefill, then steps of 1..5 tokens with rollbacks between them (stale keys past the cache
+    length must stay masked): the same hidden states as Model.hidden, on NumPy."""
+    m = random_model(tiny_config(family), seed=3, scale=0.3)
+    kernels = cuda_graphs.PlainKernels(np)
+    rng = np.random.default_rng(0)
+    plain, static = m.new_cache(40), m.new_cache(40)
+    prompt = rng.integers(0, 48, 6).tolist()
+    m.hidden(prompt, plain)
+    m.hidden(prompt, static)
+    for t in (1, 3, 5, 2, 1, 4):
+        toks = rng.integers(0, 48, t).tolist()
+        a, b = m.hidden(toks, plain), _static(m, kernels, toks, static)
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+        keep = plain.length - int(rng.integers(0, t))  # reject some of the tokens just fed
+        plain.rollback(keep)
+        static.rollback(keep)
+
+
+def test_graphs_refuse_a_cpu_model():
+    m = random_model(tiny_config(), seed=0)
+    with pytest.raises(MinispecError, match="GPU"):
+        cuda_graphs.enable(m)
+
+
+def _close(a, b, tol):
+    """|a - b| / |b| (Frobenius) under tol: float16 rounds the residual stream at ~1e-3."""
+    a, b = (np.asarray(getattr(x, "get", lambda: x)(), dtype=np.float64) for x in (a, b))
+    err = np.linalg.norm(a - b) / np.linalg.norm(b)
+    assert err < tol, err
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_kernels_equal_the_plain_pieces(family, dtype):
+    """The static step with the fused kernels against the same step with model.py's pieces, on
+    a warm cache, 1..16 tokens at a time (the few-rows product's row counts)."""
+    import cupy as cp
+
+    m = random_model(tiny_config(family), seed=1, scale=0.3, device="gpu", dtype=dtype)
+    plain, fused = cuda_graphs.PlainKernels(cp), cuda_graphs.FusedKernels(cp, dtype)
+    tol = 1e-5 if dtype == "float32" else 5e-3
+    c1, c2 = m.new_cache(48), m.new_cache(48)
+    prompt = list(range(3, 9))
+    m.hidden(prompt, c1)
+    m.hidden(prompt, c2)
+    for t in (1, 4, 9, 16):
+        toks = [(7 * i + t) % 48 for i in range(t)]
+        _close(_static(m, fused, toks, c1), _static(m, plain, toks, c2), tol)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("d_in", [64, 100])  # 16-byte loads, and the scalar loop
+def test_few_rows_products_do_not_depend_on_the_other_rows(dtype, d_in):
+    """A row's product is the same bits whatever the number of rows in the call (a verify call's
+    rows equal one-token steps), and close to cuBLAS's product."""
+    import cupy as cp
+
+    k = cuda_graphs.FusedKernels(cp, dtype)
+    rng = np.random.default_rng(0)
+    w = cp.asarray(rng.standard_normal((37, d_in)), dtype).T  # [d_in, 37], one output per row
+    w2 = cp.asarray(rng.standard_normal((37, d_in)), dtype).T
+    x = cp.asarray(rng.standard_normal((16, d_in)), dtype)
+    one = k.linear(x[:1], w)[0]
+    one_swiglu = k._swiglu(x[:1], w, w2)[0]
+    for t in range(1, 17):
+        cp.testing.assert_array_equal(k.linear(x[:t], w)[0], one)
+        cp.testing.assert_array_equal(k._swiglu(x[:t], w, w2)[0], one_swiglu)
+    _close(one[None], x[:1] @ w, 1e-5 if dtype == "float32" else 2e-3)
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_graph_replays_equal_the_plain_path(family):
+    """Steps of 1..5 tokens with rollbacks, replayed from graphs, against Model.hidden."""
+    m = random_model(tiny_config(family), seed=3, scale=0.3, device="gpu")
+    rng = np.random.default_rng(1)
+    plain, fast = m.new_cache(40), m.new_cache(40)
+    prompt = rng.integers(0, 48, 6).tolist()
+    m.hidden(prompt, plain)
+    m.hidden(prompt, fast)
+    graphs = cuda_graphs.StepGraphs(m)
+    for t in (1, 3, 5, 1, 3, 1, 1, 5):
+        toks = rng.integers(0, 48, t).tolist()
+        a, b = m.hidden(toks, plain), graphs.hidden(toks, fast)
+        assert fast.length == plain.length
+        _close(b, a, 1e-5)
+        keep = plain.length - int(rng.integers(0, t))
+        plain.rollback(keep)
+        fast.rollback(keep)
+    assert graphs.captures == 3  # one per (cache, T); the other calls were replays
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_greedy_generation_with_graphs_is_unchanged():
+    from minispec.loader import load
+    from minispec.shipped import shipped_dir
+
+    target = load(shipped_dir() / "target", device="gpu")
+    prompt = target.tokenizer.encode("def fibonacci(n):")
+    plain = autoregressive_generate(target, prompt, max_new_tokens=40, temperature=0).tokens
+    cuda_graphs.enable(target)
+    try:
+        fast = autoregressive_generate(target, prompt, max_new_tokens=40, temperature=0).tokens
+    finally:
+        cuda_graphs.disable(target)
+    assert fast == plain
+
+
+@pytest.mark.skipif(GPU, reason="checks the error a machine without a GPU gives")
+def test_the_gpu_pipeline_says_why_it_cannot_run_here():
+    from minispec.generators import speculative_gpu
+    from minispec.shipped import shipped_dir
+
+    with pytest.raises(MinispecError, match="gpu"):
+        speculative_gpu(shipped_dir() / "target", shipped_dir() / "draft")
