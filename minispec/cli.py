@@ -199,6 +199,12 @@ class Session:
                                     "(or use --drafter ngram | early-exit)")
             draft_dir = "shipped:draft"
         self.draft_model = load_flag("--draft", draft_dir, args.device) if draft_dir else None
+        if self.target.device == "gpu":  # calls of a few tokens as CUDA graphs (cuda_graphs.py)
+            from . import cuda_graphs
+
+            for m in (self.target, self.draft_model):
+                if m is not None and cuda_graphs.supported(m) is None:
+                    cuda_graphs.enable(m)
         self.make_drafter = make_drafter
         self.drafter()  # built once now, so a bad --exit-layer or --tree shows before any text
         self.color = sys.stdout.isatty() and not args.no_color
@@ -562,6 +568,10 @@ def main(argv: list[str] | None = None) -> int:
             from .measure import drafters
 
             return drafters.main(argv[1:])
+        if argv and argv[0] == "roofline":
+            from .measure import roofline
+
+            return roofline.main(argv[1:])
         if argv and argv[0] == "real":  # SmolLM2 (minispec/real.py); its demo runs this main
             from .real import main as real_main
 

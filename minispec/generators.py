@@ -22,9 +22,15 @@ Generate = Callable[..., list]
 GAMMA = 3  # drafts per round of minispec's speculative generators
 
 
-def _speculative(target_dir, draft_dir, drafter: str) -> Generate:
-    target = load(target_dir, device="cpu")
-    draft = load(draft_dir, device="cpu") if drafter == "model" else None
+def _speculative(target_dir, draft_dir, drafter: str, device: str = "cpu") -> Generate:
+    target = load(target_dir, device=device)
+    draft = load(draft_dir, device=device) if drafter == "model" else None
+    if device == "gpu":  # the GPU's speed path: calls of a few tokens replayed as CUDA graphs
+        from . import cuda_graphs
+
+        for m in (target, draft):
+            if m is not None:
+                cuda_graphs.enable(m)
 
     def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
         d = make_drafter(drafter, target, draft_model=draft)
@@ -38,6 +44,11 @@ def _speculative(target_dir, draft_dir, drafter: str) -> Generate:
 def speculative(target_dir, draft_dir) -> Generate:
     """minispec's speculative_generate with the draft model (gamma 3)."""
     return _speculative(target_dir, draft_dir, "model")
+
+
+def speculative_gpu(target_dir, draft_dir) -> Generate:
+    """The same on the GPU (CuPy), with CUDA graphs: the judge checks the GPU's speed path."""
+    return _speculative(target_dir, draft_dir, "model", device="gpu")
 
 
 def ngram(target_dir, draft_dir) -> Generate:

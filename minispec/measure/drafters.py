@@ -162,7 +162,9 @@ def format_report(report: dict) -> str:
     s = report["settings"]
     lines = [f"every drafter on {s['prompts']} held-out prompts x {s['max_new_tokens']} new "
              f"tokens, gamma (tree depth) {s['gamma']}, {s['repeats']} timed pass(es), "
-             f"methods interleaved"]
+             f"methods interleaved" + (f", on the {s['device'].upper()}" + (
+                 " with CUDA graphs" if s.get("cuda_graphs") else "")
+                 if s.get("device", "cpu") != "cpu" else "")]
     for temp, rows in report["by_temperature"].items():
         lines.append(f"\nT = {temp}")
         w = max([20, *(len(r["method"]) for r in rows)])  # "eagle-2 4,3,2,2 b3 n12" is 22
@@ -209,8 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes (median)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
+    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
+                    help="where the models run")
+    ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
+                    help="on the GPU: calls of a few tokens replayed as CUDA graphs "
+                    "(minispec/cuda_graphs.py)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
+    from .. import cuda_graphs
     from ..loader import load
 
     try:
@@ -223,12 +231,18 @@ def main(argv: list[str] | None = None) -> int:
         with blas_threads(args.threads):
             no_draft = args.draft.lower() == "none"
             rows, notes = select_rows(args.drafters, not no_draft)
-            target = load(args.target, device="cpu")
-            draft = None if no_draft else load(path_arg(args.draft), device="cpu")
+            target = load(args.target, device=args.device)
+            draft = None if no_draft else load(path_arg(args.draft), device=args.device)
+            if target.device == "gpu" and args.cuda_graphs == "on":
+                for m in (target, draft):
+                    if m is not None and cuda_graphs.supported(m) is None:
+                        cuda_graphs.enable(m)
             texts = harness.load_prompts(args.prompts, args.num_prompts)
             prompts = harness.encode_prompts(texts, target.tokenizer)
             report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                                   "gamma": args.gamma, "repeats": args.repeats},
+                                   "gamma": args.gamma, "repeats": args.repeats,
+                                   "device": target.device,
+                                   "cuda_graphs": target.step_graphs is not None},
                       "by_temperature": {
                           f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
                                                  gamma=args.gamma, repeats=args.repeats,

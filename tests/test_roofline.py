@@ -1,0 +1,40 @@
+"""minispec roofline (minispec/measure/roofline.py) on the CPU: the report's figures hang
+together, and the 1B writer makes a checkpoint minispec loads."""
+
+import importlib.util
+import json
+
+import pytest
+
+from minispec.loader import load
+from minispec.measure import roofline
+
+
+def test_roofline_reports_the_floor_and_the_same_tokens(capsys):
+    assert roofline.main(["--repeats", "2", "--new-tokens", "6", "--hf", "off", "--json",
+                          "--device", "cpu"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["device"] == "cpu" and list(r["paths"]) == ["plain"]  # no graphs on the CPU
+    p = r["paths"]["plain"]
+    assert r["weight_bytes"] > 60e6  # the shipped target: 16M float32 parameters
+    assert r["floor_step_s"] == pytest.approx(r["weight_bytes"] / (r["read_bandwidth_GBps"] * 1e9))
+    assert p["floor_fraction"] == pytest.approx(r["floor_step_s"] / p["step_s"]["1"])
+    assert set(p["t_over_t1"]) == {"1", "2", "3", "5", "9", "16"} and p["t_over_t1"]["1"] == 1
+    assert len(p["tokens"]) == 6 and p["same_tokens_as_plain"] == 6
+
+
+def test_leading_agreement():
+    assert roofline.leading_agreement([1, 2, 3], [1, 2, 4]) == 2
+    assert roofline.leading_agreement([5], [6]) == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="writing the random Llama needs transformers (the parity extra)")
+def test_random_llama_writer_makes_a_loadable_checkpoint(tmp_path, monkeypatch):
+    small = dict(roofline.LLAMA_1B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=300)
+    monkeypatch.setattr(roofline, "LLAMA_1B", small)
+    m = load(roofline.write_random_llama(tmp_path / "llama"), device="cpu")
+    c = m.config
+    assert (c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size) == (64, 2, 4, 2, 300)
+    assert c.rope_theta == 500000.0 and c.tie_word_embeddings
