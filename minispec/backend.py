@@ -54,7 +54,7 @@ def get_backend(device: str = "auto") -> tuple[ModuleType, str]:
     if device == "gpu":
         raise MinispecError(
             "device='gpu': CuPy is not installed or sees no NVIDIA GPU "
-            "(pip install 'minispec[gpu]' on a machine with CUDA 12)"
+            "(pip install 'minispec[gpu]' with CUDA 13, 'minispec[gpu-cuda12]' with CUDA 12)"
         )
     return np, "cpu"
 
