@@ -200,11 +200,9 @@ class Session:
             draft_dir = "shipped:draft"
         self.draft_model = load_flag("--draft", draft_dir, args.device) if draft_dir else None
         if self.target.device == "gpu":  # calls of a few tokens as CUDA graphs (cuda_graphs.py)
-            from . import cuda_graphs
+            from .cuda_graphs import enable_where_supported
 
-            for m in (self.target, self.draft_model):
-                if m is not None and cuda_graphs.supported(m) is None:
-                    cuda_graphs.enable(m)
+            enable_where_supported(self.target, self.draft_model)
         self.make_drafter = make_drafter
         self.drafter()  # built once now, so a bad --exit-layer or --tree shows before any text
         self.color = sys.stdout.isatty() and not args.no_color

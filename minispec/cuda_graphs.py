@@ -551,6 +551,13 @@ def enable(model, **kw) -> StepGraphs:
     return model.step_graphs
 
 
+def enable_where_supported(*models) -> None:
+    """enable() each GPU model CUDA graphs can serve (None entries and others left plain)."""
+    for m in models:
+        if m is not None and supported(m) is None:
+            enable(m)
+
+
 def disable(model) -> None:
     """Back to the plain path."""
     model.step_graphs = None

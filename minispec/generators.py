@@ -26,11 +26,9 @@ def _speculative(target_dir, draft_dir, drafter: str, device: str = "cpu") -> Ge
     target = load(target_dir, device=device)
     draft = load(draft_dir, device=device) if drafter == "model" else None
     if device == "gpu":  # the GPU's speed path: calls of a few tokens replayed as CUDA graphs
-        from . import cuda_graphs
+        from .cuda_graphs import enable_where_supported
 
-        for m in (target, draft):
-            if m is not None:
-                cuda_graphs.enable(m)
+        enable_where_supported(target, draft)
 
     def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
         d = make_drafter(drafter, target, draft_model=draft)

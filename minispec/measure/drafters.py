@@ -160,11 +160,13 @@ def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20)
 
 def format_report(report: dict) -> str:
     s = report["settings"]
+    where = ""
+    if s.get("device", "cpu") != "cpu":
+        graphs = " with CUDA graphs" if s["cuda_graphs"] else ""
+        where = f", on the {s['device'].upper()}{graphs}"
     lines = [f"every drafter on {s['prompts']} held-out prompts x {s['max_new_tokens']} new "
              f"tokens, gamma (tree depth) {s['gamma']}, {s['repeats']} timed pass(es), "
-             f"methods interleaved" + (f", on the {s['device'].upper()}" + (
-                 " with CUDA graphs" if s.get("cuda_graphs") else "")
-                 if s.get("device", "cpu") != "cpu" else "")]
+             f"methods interleaved{where}"]
     for temp, rows in report["by_temperature"].items():
         lines.append(f"\nT = {temp}")
         w = max([20, *(len(r["method"]) for r in rows)])  # "eagle-2 4,3,2,2 b3 n12" is 22
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     "(minispec/cuda_graphs.py)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
-    from .. import cuda_graphs
+    from ..cuda_graphs import enable_where_supported
     from ..loader import load
 
     try:
@@ -233,10 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             rows, notes = select_rows(args.drafters, not no_draft)
             target = load(args.target, device=args.device)
             draft = None if no_draft else load(path_arg(args.draft), device=args.device)
-            if target.device == "gpu" and args.cuda_graphs == "on":
-                for m in (target, draft):
-                    if m is not None and cuda_graphs.supported(m) is None:
-                        cuda_graphs.enable(m)
+            if args.cuda_graphs == "on":
+                enable_where_supported(target, draft)
             texts = harness.load_prompts(args.prompts, args.num_prompts)
             prompts = harness.encode_prompts(texts, target.tokenizer)
             report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
