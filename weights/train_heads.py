@@ -32,7 +32,10 @@ SmolLM2-135M-Instruct (converted by `python -m minispec real`) are the two it wa
    i - s + t, t = 1..s (the chain's own guesses), each at its own RoPE position (EAGLE-3's
    mask; a plain causal mask over the step-s sequence would let it attend to guessed keys at
    positions where drafting has true ones). Loss on every step s at positions i >= s:
-   KL(p_target(f_{i+1}) || q(g^s_{i+1})) + `--reg` x smooth-L1(g^s_{i+1}, f_{i+1}).
+   KL(p_target(f_{i+1}) || q(g^s_{i+1})) + `--reg` x smooth-L1(g^s_{i+1}, f_{i+1})
+   (+ `--ce` x the cross-entropy of the target's argmax: it sharpens q, which greedy drafts like
+   and sampled ones do not; the toy head's run 6 dropped it). `--fc-gains F,T` multiplies fc's
+   feature and token inputs in training (folded into the saved weight): a per-half learning rate.
 5. **Medusa** (Cai et al. 2024, Medusa-1): K residual heads h + SiLU(W_k h + b_k) on the
    feature h_t (W_k starts at 0), target's final norm and (cut) LM head; head k (0-based)
    guesses x_{t+2+k}: loss KL(p_target(f_{t+1+k}) || q_k), weighted 0.8^k.
@@ -316,6 +319,53 @@ def build_layer(shape: dict):
     return Layer()
 
 
+def gained_linear(n_in: int, n_out: int, gains):
+    """EAGLE's fc [n_in -> n_out] whose two input halves (feature, token embedding) are first
+    multiplied by gains[0] and gains[1]. The saved weight folds them in (saved_weight), so minispec
+    reads a plain fc; in training a gain scales that half's learning rate under Adam. A feature's
+    scale is far above an embedding's (rms ~35 against ~0.03 for the toy target, ~73 against
+    ~0.14 for SmolLM2), so with gains 1, 1 the token half, whose weights must grow hundreds of
+    times larger than the feature half's for the token to be heard, learns slowest."""
+    import torch
+
+    class Gained(torch.nn.Linear):
+        def __init__(self):
+            super().__init__(n_in, n_out)
+            half = n_in // 2
+            self.register_buffer("gain", torch.tensor([gains[0]] * half + [gains[1]] * half),
+                                 persistent=False)
+
+        def forward(self, z):
+            return super().forward(z * self.gain)
+
+        def saved_weight(self):
+            return self.weight * self.gain
+
+        def load_saved(self, weight, bias):
+            with torch.no_grad():
+                self.weight.copy_(weight / self.gain)
+                self.bias.copy_(bias)
+
+    return Gained()
+
+
+def save_eagle(out: Path, layer, fc, shape: dict, fields: dict, extra=None) -> None:
+    """Write an EAGLE head as minispec/drafters/eagle.py reads it: model.safetensors (F16: fc with
+    its gains folded in, the layer under model.layers.0.*, + `extra` tensors such as the draft
+    vocabulary) and config.json (the layer's shape + `fields`)."""
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {"fc.weight": fc.saved_weight(), "fc.bias": fc.bias}
+    for name, p in layer.named_parameters():
+        tensors[f"model.layers.0.{name}"] = p
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
+    save_file({**tensors, **(extra or {})}, str(out / "model.safetensors"))
+    config = {"eagle_version": 1, **shape, **fields}
+    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+
+
 def ttt_mask(T: int, s: int):
     """Step s's mask over the keys of steps 0..s ([T, (s+1)T]): step-0 keys at positions
     <= i - s, and the key of step t at position i - s + t (the chain drafting sees)."""
@@ -370,6 +420,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eagle-lr", type=float, default=1e-3)
     ap.add_argument("--medusa-lr", type=float, default=2e-3)
     ap.add_argument("--reg", type=float, default=0.1, help="weight of EAGLE's feature loss")
+    ap.add_argument("--fc-gains", default="1,1",
+                    help="EAGLE's fc inputs multiplied by these in training (feature, token), "
+                         "folded into fc.weight when saved: a learning rate per half, since a "
+                         "token embedding is ~1000x smaller than a feature")
     ap.add_argument("--noise", type=float, default=0.02,
                     help="uniform noise on EAGLE's input features (fraction of their std)")
     ap.add_argument("--ce", type=float, default=0.0,
@@ -559,13 +613,19 @@ def main(argv: list[str] | None = None) -> None:
                  "intermediate_size": tc.intermediate_size, "rms_norm_eps": tc.rms_norm_eps,
                  "rope_theta": float(rope_theta)}
         layer = build_layer(shape)
-        fc = torch.nn.Linear(2 * D, D)
+        try:
+            gains = [float(v) for v in args.fc_gains.split(",")]
+        except ValueError:
+            gains = []
+        if len(gains) != 2 or not all(0 < g < float("inf") for g in gains):
+            raise SystemExit(f"--fc-gains: expected two positive numbers (feature,token), got "
+                             f"{args.fc_gains!r}")
+        fc = gained_linear(2 * D, D, gains)
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
             from safetensors.torch import load_file
 
             saved = load_file(str(Path(args.init_eagle) / "model.safetensors"))
-            fc.load_state_dict({"weight": saved["fc.weight"].float(),
-                                "bias": saved["fc.bias"].float()})
+            fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
             layer.load_state_dict({k[len("model.layers.0."):]: v.float()
                                    for k, v in saved.items() if k.startswith("model.layers.0.")})
         embed = target.model.embed_tokens
@@ -627,22 +687,15 @@ def main(argv: list[str] | None = None) -> None:
               f"round ({n:.0f} rounds), ~{1 + acc:.2f} tokens per target call; {text}; "
               f"{times['eagle_s']} s of training", flush=True)
         out = Path(args.out_eagle)
-        out.mkdir(parents=True, exist_ok=True)
-        tensors = {"fc.weight": fc.weight, "fc.bias": fc.bias}
-        for name, p in layer.named_parameters():
-            tensors[f"model.layers.0.{name}"] = p
-        tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
-        save_file({**tensors, **cut_tensor}, str(out / "model.safetensors"))
-        config = {"eagle_version": 1, **shape, "target": target_id, **cut_fields,
-                  "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
-                           f"layer), trained with a {args.ttt}-step training-time test; "
-                           "weights/train_heads.py",
-                  "training": {**report, "init": args.init_eagle, "ce": args.ce,
-                               "ttt": args.ttt, "epochs": args.eagle_epochs,
-                               "steps": len(plan), "batch": args.batch, "lr": args.eagle_lr,
-                               "reg": args.reg, "noise": args.noise, "seed": args.seed,
-                               **times}}
-        (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+        save_eagle(out, layer, fc, shape, {"target": target_id, **cut_fields,
+                   "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
+                            f"layer), trained with a {args.ttt}-step training-time test; "
+                            "weights/train_heads.py",
+                   "training": {**report, "init": args.init_eagle, "ce": args.ce,
+                                "ttt": args.ttt, "epochs": args.eagle_epochs,
+                                "steps": len(plan), "batch": args.batch, "lr": args.eagle_lr,
+                                "reg": args.reg, "noise": args.noise, "seed": args.seed,
+                                "fc_gains": gains, **times}}, cut_tensor)
         print(f"wrote {out}", flush=True)
 
     # -- 5. Medusa -----------------------------------------------------------------------------
