@@ -48,6 +48,7 @@ DRAFTER_ROWS = [
     ("medusa 1,1,1,1", lambda t, d: make_drafter("medusa", t, tree=(1, 1, 1, 1))),
     ("medusa 2,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(2, 2, 1, 1))),
     ("medusa 3,2,1,1", lambda t, d: make_drafter("medusa", t, tree=(3, 2, 1, 1))),
+    ("medusa 3,3,1,1", lambda t, d: make_drafter("medusa", t, tree=(3, 3, 1, 1))),
     ("eagle (chain)", lambda t, d: make_drafter("eagle", t)),
     (f"eagle stop {EAGLE_STOP:g}", lambda t, d: make_drafter("eagle", t, stop=EAGLE_STOP)),
     ("eagle 2,2,1,1", lambda t, d: make_drafter("eagle", t, tree=(2, 2, 1, 1))),
