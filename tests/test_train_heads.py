@@ -12,6 +12,7 @@ from conftest import tiny_config
 import minispec
 from minispec.backend import to_host
 from minispec.drafters.eagle import load_eagle
+from minispec.judge.stats import softmax
 from minispec.loader import random_model
 
 torch = pytest.importorskip("torch", reason="the training recipe needs torch (pip install "
@@ -24,11 +25,6 @@ def _recipe():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _softmax(x):
-    e = np.exp(x - x.max())
-    return e / e.sum()
 
 
 @pytest.mark.parametrize("gains", [(1.0, 1.0), (1.0, 30.0)])
@@ -73,7 +69,7 @@ def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path,
         g0, g1 = th.eagle_unroll(layer, fc, embed, f, x, 2)
 
         def q(g):  # the target's final norm and LM head, as both sides use them
-            return _softmax(np.asarray(to_host(target.head(g.numpy()[None])))[0])
+            return softmax(np.asarray(to_host(target.head(g.numpy()[None])))[0])
 
         # row i of step s guesses f_{i+1}: step 0's row n-2 drafts x_n, step 1's row n-1 x_{n+1}
         q_torch = [q(g0[0, n - 2]), q(g1[0, n - 1])]

@@ -423,7 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fc-gains", default="1,1",
                     help="EAGLE's fc inputs multiplied by these in training (feature, token), "
                          "folded into fc.weight when saved: a learning rate per half, since a "
-                         "token embedding is ~1000x smaller than a feature")
+                         "token embedding is hundreds of times smaller than a feature")
     ap.add_argument("--noise", type=float, default=0.02,
                     help="uniform noise on EAGLE's input features (fraction of their std)")
     ap.add_argument("--ce", type=float, default=0.0,
@@ -440,6 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a ~1 minute smoke run")
     args = ap.parse_args(argv)
+    try:
+        gains = [float(v) for v in args.fc_gains.split(",")]
+    except ValueError:
+        gains = []
+    if len(gains) != 2 or not all(0 < g < float("inf") for g in gains):
+        raise SystemExit(f"--fc-gains: expected two positive numbers (feature,token), got "
+                         f"{args.fc_gains!r}")
     if args.quick:
         args.seqs, args.new_tokens, args.eval_seqs = 32, 24, 8
         args.eagle_epochs = args.medusa_epochs = 1
@@ -613,13 +620,6 @@ def main(argv: list[str] | None = None) -> None:
                  "intermediate_size": tc.intermediate_size, "rms_norm_eps": tc.rms_norm_eps,
                  "rope_theta": float(rope_theta)}
         layer = build_layer(shape)
-        try:
-            gains = [float(v) for v in args.fc_gains.split(",")]
-        except ValueError:
-            gains = []
-        if len(gains) != 2 or not all(0 < g < float("inf") for g in gains):
-            raise SystemExit(f"--fc-gains: expected two positive numbers (feature,token), got "
-                             f"{args.fc_gains!r}")
         fc = gained_linear(2 * D, D, gains)
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
             from safetensors.torch import load_file
