@@ -128,3 +128,24 @@ def test_bench_without_a_draft_model(pair, capsys):
     assert gen[mine[0]]["tokens_per_target_call"] == 1.0
     with pytest.raises(bench.MinispecError, match="--drafters: 'model'"):
         bench.main(["--target", str(pair / "target"), "--draft", "none", "--drafters", "model"])
+
+
+def test_bench_without_a_draft_model_with_an_assistant(pair, capsys):
+    # --assistant: the same draft model drafts for minispec's chain and transformers' assisted
+    # generation, in the --draft none run beside the self-drafters; greedy outputs unchanged
+    hf = "on" if bench._hf_available() else "off"
+    argv = ["--target", str(pair / "target"), "--draft", "none", "--drafters", "ngram",
+            "--assistant", str(pair / "draft"), "--quick", "--json", "--hf", hf]
+    assert bench.main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    gen = r["generation"]
+    hf_rows = ["hf generate", "hf prompt lookup", "hf assisted", "hf assisted (hf defaults)"]
+    assert list(gen) == (["minispec autoregressive", "minispec ngram", "minispec model"]
+                         + (hf_rows if hf == "on" else []))
+    assert r["settings"]["assistant"] == str(pair / "draft")
+    for name in list(gen)[1:]:
+        agree = r["greedy_agreement"][f"{name} vs minispec autoregressive"]
+        assert agree["identical"] == agree["total"] == 1, name
+    assert 1.0 <= gen["minispec model"]["tokens_per_target_call"] <= 5.0
+    with pytest.raises(bench.MinispecError, match="--assistant: only with --draft none"):
+        bench.main(["--target", str(pair / "target"), "--assistant", str(pair / "draft")])

@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "4,3,2,2, beam 3, 12 nodes; eagle-stop: a chain of dynamic length, --stop "
                     f"{EAGLE_STOP:g}); medusa and eagle take the heads trained for "
                     "the target")
+    ap.add_argument("--assistant", type=path_arg, default=None, metavar="DIR",
+                    help="with --draft none: also a draft model that both minispec (its chain, "
+                    "'minispec model') and transformers (assisted generation: 'hf assisted', "
+                    "gamma tokens a round, and 'hf assisted (hf defaults)') draft with")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
                     "(default: %(default)s)")
@@ -329,8 +333,9 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     transformers' generate and its assisted generation by prompt lookup
     (prompt_lookup_num_tokens = gamma) on the same checkpoint and prompts, methods interleaved
     (harness.time_methods); the target's decode step and verify call, in minispec and in torch.
-    At T = 0 every method's output is checked against autoregressive decoding's."""
-    from ..drafters import NoDrafter, make_drafter
+    With --assistant, a draft model drafts for both minispec and transformers' assisted
+    generation. At T = 0 every method's output is checked against autoregressive decoding's."""
+    from ..drafters import ModelDrafter, NoDrafter, make_drafter
     from ..loader import load
     from ..speculative import Request, generate
 
@@ -349,6 +354,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
     target = load(args.target, device=args.device)
+    assistant = None if args.assistant is None else load(args.assistant, device=args.device)
     if target.tokenizer is None:  # as run() does
         prompts = synthetic_prompts(target.vocab_size, args.num_prompts or 20)
         prompt_source = "synthetic (random ids: the target has no tokenizer)"
@@ -363,7 +369,9 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     steps = 3 if args.quick else 20
     report: dict = {
         "machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "settings": {"target": display(args.target), "draft": None, "prompts": prompt_source,
+        "settings": {"target": display(args.target), "draft": None,
+                     "assistant": None if assistant is None else display(args.assistant),
+                     "prompts": prompt_source,
                      "num_prompts": len(prompts), "prompt_tokens": [min(lens), max(lens)],
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                      "gamma": gamma, "repeats": args.repeats, "device": target.device,
@@ -385,6 +393,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
             name, options = SELF_DRAFTERS[n]
             methods[f"minispec {n}"] = minispec_method(make_drafter(name, target, **options),
                                                        gamma)
+        if assistant is not None:
+            methods["minispec model"] = minispec_method(ModelDrafter(target, assistant), gamma)
         if use_hf:
             import torch
 
@@ -397,6 +407,14 @@ def run_without_draft(args: argparse.Namespace) -> dict:
             methods["hf generate"] = _hf_generator(torch, hf_target, **kw)
             methods["hf prompt lookup"] = _hf_generator(torch, hf_target, prompt_lookup=gamma,
                                                         **kw)
+            if assistant is not None:  # as _hf_load_pair: gamma tokens a round, and the defaults
+                fixed, defaults = (_hf_load(args.assistant, args.device) for _ in range(2))
+                cfg = fixed.generation_config
+                cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
+                cfg.assistant_confidence_threshold = 0.0
+                methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=fixed, **kw)
+                methods["hf assisted (hf defaults)"] = _hf_generator(
+                    torch, hf_target, assistant=defaults, **kw)
         timed = harness.time_methods(methods, prompts, args.repeats)
     report["costs"] = costs
     base = timed["minispec autoregressive"]
@@ -430,6 +448,8 @@ def format_without_draft(report: dict) -> str:
         f"products   {s['weight_products']}",
         (f"target     {s['target']}  {t['family']} L={t['layers']} D={t['hidden']} "
          f"V={t['vocab']}, {t['weight_bytes'] / 1e6:.1f} MB of weights per decode step"),
+        *([f"assistant  {s['assistant']} (minispec model, hf assisted)"]
+          if s.get("assistant") else []),
         (f"prompts    {s['num_prompts']} of {s['prompt_tokens'][0]}-{s['prompt_tokens'][1]} "
          f"tokens, max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}, "
          f"gamma {s['gamma']} (prompt lookup: prompt_lookup_num_tokens {s['gamma']})"),
@@ -774,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
     alone = args.draft.lower() == "none"
+    if args.assistant is not None and not alone:
+        raise MinispecError("--assistant: only with --draft none (with a draft, the draft is "
+                            "transformers' assistant already)")
     if not alone:
         args.draft = path_arg(args.draft)  # "shipped:draft" or a directory
     if alone and args.plot:
