@@ -18,8 +18,9 @@ and a complete one is reused.
 The drafters: the two that need no training, prompt lookup (ngram) and early exit (the target's
 own first layers), and for SmolLM2-135M-Instruct the Medusa heads and the EAGLE head minispec
 ships for it (weights/smollm2/, made by weights/train_heads.py), with a draft vocabulary of its
-most frequent tokens (drafters/vocab.py). No draft model is trained for it.
-"""
+most frequent tokens (drafters/vocab.py). A draft model for it is made by
+weights/train_draft.py (not shipped: it drafts as much as the EAGLE head but costs more per round;
+`bench --assistant DIR` and `drafters --draft DIR --drafters model,...` take it)."""
 
 from __future__ import annotations
 

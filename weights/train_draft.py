@@ -18,8 +18,11 @@ from the cached features (final norm + LM head), as DistillSpec distils a draft 
 
 Usage (from the repository root; ``$S`` = the converted SmolLM2 directory, see weights/README)::
 
-    python weights/train_draft.py --target $S --data-cache /tmp/heads/big.pt \\
-        --out ~/.cache/minispec/smollm2-draft --minutes 40 --threads 2
+    D=/tmp/heads/big.pt,/tmp/heads/seed4.pt,/tmp/heads/seed5.pt  # train_heads.py's data
+    python weights/train_draft.py --target $S --data-cache $D --epochs 1.7 --threads 2 \\
+        --out /tmp/draftA                                            # 39 minutes
+    python weights/train_draft.py --target $S --data-cache $D --init /tmp/draftA --epochs 1.5 \\
+        --lr 1e-3 --seed 1 --threads 2 --out ~/.cache/minispec/smollm2-draft  # 31 minutes
     python -m minispec real drafters --draft ~/.cache/minispec/smollm2-draft \\
         --drafters model,eagle
 
