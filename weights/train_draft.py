@@ -108,17 +108,6 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(evals)} held-out greedy ones, from {args.data_cache}", flush=True)
 
     # -- the student: the target's tokenizer and vocabulary, a few narrow layers ---------------
-    rope = getattr(tc, "rope_parameters", None) or {"rope_type": "default",
-                                                    "rope_theta": getattr(tc, "rope_theta",
-                                                                          10000.0)}
-    cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=args.hidden,
-                      intermediate_size=args.intermediate, num_hidden_layers=args.layers,
-                      num_attention_heads=args.hidden // args.head_dim,
-                      num_key_value_heads=args.hidden // args.head_dim, head_dim=args.head_dim,
-                      max_position_embeddings=tc.max_position_embeddings,
-                      rms_norm_eps=tc.rms_norm_eps, rope_parameters=rope,
-                      tie_word_embeddings=True, bos_token_id=tc.bos_token_id,
-                      eos_token_id=tc.eos_token_id, attention_bias=False, mlp_bias=False)
     if args.init:
         draft = LlamaForCausalLM.from_pretrained(args.init, dtype=torch.float32)
         if draft.config.vocab_size != tc.vocab_size:
@@ -126,6 +115,17 @@ def main(argv: list[str] | None = None) -> None:
                              f"expected the target's {tc.vocab_size}")
         cfg = draft.config
     else:
+        rope = getattr(tc, "rope_parameters", None) or {"rope_type": "default",
+                                                        "rope_theta": getattr(tc, "rope_theta",
+                                                                              10000.0)}
+        cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=args.hidden,
+                          intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+                          num_attention_heads=args.hidden // args.head_dim,
+                          num_key_value_heads=args.hidden // args.head_dim, head_dim=args.head_dim,
+                          max_position_embeddings=tc.max_position_embeddings,
+                          rms_norm_eps=tc.rms_norm_eps, rope_parameters=rope,
+                          tie_word_embeddings=True, bos_token_id=tc.bos_token_id,
+                          eos_token_id=tc.eos_token_id, attention_bias=False, mlp_bias=False)
         draft = LlamaForCausalLM(cfg)
         E = target.model.embed_tokens.weight.detach()
         with torch.no_grad():  # the target's embedding on its top principal directions
@@ -189,10 +189,11 @@ def main(argv: list[str] | None = None) -> None:
         if tok_file.is_file() else None
     totals = {}
     eval_seqs = [s for s, _ in evals]
+    no_feats = [torch.zeros(len(s), 1) for s in eval_seqs]  # padded() wants features: unused
     with torch.no_grad():
         for lo in range(0, len(evals), 8):
             idx = list(range(lo, min(lo + 8, len(evals))))
-            x, _, lens = padded(eval_seqs, [torch.zeros(len(s), 1) for s in eval_seqs], idx)
+            x, _, lens = padded(eval_seqs, no_feats, idx)
             guess = draft(input_ids=x).logits.argmax(-1)  # [B, T]: position j guesses x_{j+1}
             T = x.shape[1]
             C = T - 4  # context lengths n = 1 .. T-4
