@@ -142,10 +142,17 @@ def _hf_load_pair(args, threads: int) -> dict:
     hf = {"torch": torch, "target": load(args.target), "draft": load(args.draft),
           "draft_defaults": load(args.draft)}
     if args.gamma != "auto":
-        cfg = hf["draft"].generation_config
-        cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = int(args.gamma), "constant"
-        cfg.assistant_confidence_threshold = 0.0
+        _draft_exactly(hf["draft"], int(args.gamma))
     return hf
+
+
+def _draft_exactly(assistant, gamma: int):
+    """Set transformers' assistant to draft gamma tokens every round, never cut short (as
+    minispec's chain does), instead of its own schedule; returns it."""
+    cfg = assistant.generation_config
+    cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
+    cfg.assistant_confidence_threshold = 0.0
+    return assistant
 
 
 def _hf_load(path, device: str):
@@ -408,13 +415,10 @@ def run_without_draft(args: argparse.Namespace) -> dict:
             methods["hf prompt lookup"] = _hf_generator(torch, hf_target, prompt_lookup=gamma,
                                                         **kw)
             if assistant is not None:  # as _hf_load_pair: gamma tokens a round, and the defaults
-                fixed, defaults = (_hf_load(args.assistant, args.device) for _ in range(2))
-                cfg = fixed.generation_config
-                cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = gamma, "constant"
-                cfg.assistant_confidence_threshold = 0.0
+                fixed = _draft_exactly(_hf_load(args.assistant, args.device), gamma)
                 methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=fixed, **kw)
                 methods["hf assisted (hf defaults)"] = _hf_generator(
-                    torch, hf_target, assistant=defaults, **kw)
+                    torch, hf_target, assistant=_hf_load(args.assistant, args.device), **kw)
         timed = harness.time_methods(methods, prompts, args.repeats)
     report["costs"] = costs
     base = timed["minispec autoregressive"]
