@@ -77,3 +77,106 @@ def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path,
         np.testing.assert_allclose(got, want, atol=2e-3)
         assert 0.5 * np.abs(got - want).sum() < 5e-3  # the same distribution
         assert want.max() < 0.99  # spread out: the comparison is of whole distributions
+
+
+def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
+    """The "acceptance" table the recipe writes (what eagle's stop rule reads) counts, for chain
+    step 1, exactly the drafts minispec's drafter makes from the same context: their confidence
+    bins, how many equal the target's greedy token and their 1 - TV; step 2 counts only the
+    chain starts whose first draft matched."""
+    th = _recipe()
+    target = random_model(tiny_config(), seed=0, scale=0.5)
+    c = target.config
+    D = c.hidden_size
+    shape = {"hidden_size": D, "num_attention_heads": c.n_heads,
+             "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
+             "intermediate_size": c.intermediate_size, "rms_norm_eps": c.norm_eps,
+             "rope_theta": c.rope_theta}
+    torch.manual_seed(1)
+    layer, fc = th.build_layer(shape), th.gained_linear(2 * D, D, (1.0, 1.0))
+    with torch.no_grad():  # a head that guesses the next feature is the current one, plus
+        for prm in layer.parameters():  # a little noise: right where the greedy text repeats
+            if prm.ndim == 2:
+                prm.normal_(0, 0.1 / prm.shape[1] ** 0.5)
+        fc.weight.copy_(torch.cat([torch.eye(D), torch.zeros(D, D)], dim=1))
+        fc.bias.zero_()
+    th.save_eagle(tmp_path, layer, fc, shape, {"target": {"model_type": "llama"}})
+    layer, fc, _ = th.load_eagle_torch(tmp_path, shape)  # as saved (F16), as minispec reads it
+    drafter = load_eagle(tmp_path, target)
+
+    seqs, feats, starts = [], [], []
+    for prompt in ([12] * 3, [15] * 3, [24] * 3, [33] * 3):  # greedy text that repeats itself
+        out = minispec.autoregressive_generate(target, prompt, max_new_tokens=14,
+                                               temperature=0.0)
+        seq = np.array(prompt + out.tokens)
+        hidden = np.asarray(to_host(target.hidden(seq, target.new_cache(64))), dtype=np.float32)
+        seqs.append(seq)
+        feats.append(torch.from_numpy(hidden))
+        starts.append(len(prompt))
+    w = target.weights
+    embed = torch.nn.Embedding.from_pretrained(torch.from_numpy(np.asarray(to_host(w["embed"]))))
+    norm_w = torch.from_numpy(np.asarray(to_host(w["norm_w"]), dtype=np.float32))
+
+    def norm(h):
+        return h * torch.rsqrt((h * h).mean(-1, keepdim=True) + c.norm_eps) * norm_w
+
+    lm_head = torch.from_numpy(np.ascontiguousarray(np.asarray(to_host(w["lm_head"])).T))
+    table = th.acceptance(layer, fc, embed, norm, lm_head, torch.arange(c.vocab_size), seqs,
+                          feats, starts, steps=2)
+
+    # minispec: every chain start c of the generated text, one draft from x_0..x_{c+1}; where the
+    # target's token is among the head's top 4 (a tree would hold it), the next step's draft too,
+    # after that token (a warp that makes the first draft it)
+    edges, R = np.array(th.CONFIDENCE_EDGES), th.RANKS
+
+    def bin_of(q):
+        return min(np.searchsorted(edges, q.max()), len(edges) - 1)
+
+    count, hit, kept = np.zeros(len(edges)), 0, 0.0
+    tried, rank_hit, rank_p = np.zeros(len(edges)), np.zeros(R), np.zeros(R)
+    for seq, f, L in zip(seqs, feats, starts):
+        for start in range(max(L - 2, 0), len(seq) - 3):  # x_{c+2} generated, steps fit
+            context = [int(t) for t in seq[: start + 2]]
+            for step in (0, 1):
+                forced = []
+
+                def warp(logits):  # step 1: the first draft is the target's token
+                    forced.append(1)
+                    if step == 1 and len(forced) == 1:
+                        return np.eye(logits.shape[1])[[seq[start + 2]]]
+                    return minispec.Sampling(1.0).warp(logits)
+
+                drafter.start(context, target.new_cache(64))
+                drafter.accept(context, f[: start + 1].numpy())
+                q = drafter.propose(context, step + 1, warp, np.random.default_rng(0)).q[step]
+                h = f[start + 1 + step:start + 2 + step].numpy()
+                p = softmax(np.asarray(to_host(target.head(h)))[0])
+                y = seq[start + 2 + step]
+                top = np.argsort(-q, kind="stable")[:R]
+                if step == 0:
+                    count[bin_of(q)] += 1
+                    hit += int(top[0] == y)
+                    kept += np.minimum(p, q).sum()
+                tried[bin_of(q)] += 1
+                rank_hit += top == y
+                rank_p += p[top]
+                if y not in top:
+                    break
+    assert table["counts"][0] == count.tolist()
+    assert 10 <= hit <= count.sum() - 10  # many drafts match, many do not
+    # the rates are smoothed (made monotone), which keeps their count-weighted sum
+    np.testing.assert_allclose(np.dot(table["counts"][0], table["greedy"][0]), hit, atol=0.01)
+    np.testing.assert_allclose(np.dot(table["counts"][0], table["sampled"][0]), kept,
+                               rtol=2e-3)
+    assert sum(table["counts"][1]) == hit  # step 2: only where step 1 matched
+    assert table["counts_by_rank"] == tried.tolist() and tried.sum() > count.sum()
+    for r in range(R):
+        np.testing.assert_allclose(np.dot(tried, table["greedy_by_rank"][r]), rank_hit[r],
+                                   atol=0.01)
+        np.testing.assert_allclose(np.dot(tried, table["sampled_by_rank"][r]), rank_p[r],
+                                   rtol=2e-3)
+    assert rank_hit[1:].sum() > 0  # the target's token is sometimes a lower-ranked candidate
+    for kind in ("greedy", "sampled"):
+        assert all(np.diff(row).min() >= 0 for row in table[kind])
+        assert np.diff(table[f"{kind}_by_rank"][0]).min() >= 0
+        assert all(np.diff(row).max() <= 0 for row in table[f"{kind}_by_rank"][1:])

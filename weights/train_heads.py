@@ -64,6 +64,7 @@ import argparse
 import ast
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -363,7 +364,15 @@ def save_eagle(out: Path, layer, fc, shape: dict, fields: dict, extra=None) -> N
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
     save_file({**tensors, **(extra or {})}, str(out / "model.safetensors"))
     config = {"eagle_version": 1, **shape, **fields}
-    (out / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (out / "config.json").write_text(config_text(config))
+
+
+def config_text(config: dict) -> str:
+    """config.json's text: indented, a list of numbers on one line."""
+    text = json.dumps(config, indent=1)
+    return re.sub(r"\[([^\[\]{}\"]*)\]",
+                  lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]",
+                  text) + "\n"
 
 
 def ttt_mask(T: int, s: int):
@@ -398,6 +407,137 @@ def eagle_unroll(layer, fc, embed, f, x, steps: int, noise: float = 0.0):
         # step s+1 at position i reads g^s_i (made at position i - 1); position 0 keeps f_0
         feat = torch.cat([f[:, :1], g[:, :-1]], dim=1)
     return out
+
+
+# the head's confidence (its top probability) binned at these upper edges for `acceptance`
+CONFIDENCE_EDGES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
+RANKS = 4  # a tree candidate's rank in the head's distribution, for `acceptance`'s by_rank
+
+
+def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps: int = 4):
+    """How often an EAGLE chain's draft is kept, by the head's confidence, measured on greedy
+    continuations (`seqs` with their features; generated text from index `starts[i]`) -> the
+    "acceptance" field of the head's config.json, which its `stop` rule reads
+    (minispec/drafters/eagle.py). For chain step s (0-based) and each confidence bin: "greedy",
+    the fraction of drafts equal to the target's argmax (a greedy draft's acceptance); "sampled",
+    the mean of sum_x min(p(x), q(x)) = 1 - TV(p, q), the chance a draft sampled from q at
+    temperature 1 is kept. Step s counts only chain starts whose steps before it all matched (a
+    chain reaches step s only then). For a tree of top-k candidates (EAGLE-2's dynamic tree), by
+    the rank r of a candidate in the head's distribution (all steps together, counting starts
+    whose earlier steps had the target's token among the head's top RANKS): "greedy_by_rank",
+    how often the rank-r token is the target's argmax; "sampled_by_rank", the target's mean
+    probability of it (a one-hot candidate's chance to be kept at temperature 1). Rates are
+    made monotone in the confidence (weighted isotonic regression: rank 1 and the chain's
+    non-decreasing, other ranks non-increasing) and an empty bin takes its neighbours' rate."""
+    import torch
+    from scipy.optimize import isotonic_regression
+
+    K, R = len(CONFIDENCE_EDGES), RANKS
+    edges = torch.tensor(CONFIDENCE_EDGES)
+    count, hit, kept = (torch.zeros(steps, K, dtype=torch.float64) for _ in range(3))
+    tried, rank_hit, rank_p = (torch.zeros(R, K, dtype=torch.float64) for _ in range(3))
+    w_cut = lm_head[cut]  # [N, D]
+    with torch.no_grad():
+        for lo in range(0, len(seqs), 8):
+            idx = list(range(lo, min(lo + 8, len(seqs))))
+            x, f, lens = padded(seqs, feats, idx)
+            C = x.shape[1] - steps - 1  # chain starts c: context x_0..x_{c+1}
+            if C <= 0:
+                continue
+            outs = eagle_unroll(layer, fc, embed, f, x, steps)
+            c = torch.arange(C)[None]
+            start = torch.tensor([starts[i] for i in idx])[:, None]
+            reach = (c + 2 >= start) & (c + steps + 1 < lens[:, None])  # [B, C]
+            in_tree = reach.clone()
+            for s, g in enumerate(outs):  # step s at start c guesses x_{c+s+2}
+                logq = torch.log_softmax(norm(g[:, s:s + C]) @ w_cut.T, dim=-1)  # [B, C, N]
+                conf, top = logq.max(-1)
+                conf = conf.exp()
+                match = cut[top] == x[:, s + 2:s + 2 + C]
+                logp = torch.log_softmax(norm(f[:, s + 1:s + 1 + C]) @ lm_head.T, dim=-1)
+                keep = torch.minimum(logp[..., cut], logq).exp().sum(-1)  # 1 - TV, [B, C]
+                b = torch.bucketize(conf, edges).clamp(max=K - 1)[reach]
+                count[s].index_add_(0, b, torch.ones_like(b, dtype=torch.float64))
+                hit[s].index_add_(0, b, match[reach].double())
+                kept[s].index_add_(0, b, keep[reach].double())
+                reach = reach & match
+                ranked = logq.topk(R, dim=-1).indices  # [B, C, R]
+                y = x[:, s + 2:s + 2 + C]
+                b = torch.bucketize(conf, edges).clamp(max=K - 1)[in_tree]
+                for r in range(R):
+                    tok = cut[ranked[..., r]]
+                    tried[r].index_add_(0, b, torch.ones_like(b, dtype=torch.float64))
+                    rank_hit[r].index_add_(0, b, (tok == y)[in_tree].double())
+                    p_r = logp.gather(-1, tok[..., None])[..., 0].exp()
+                    rank_p[r].index_add_(0, b, p_r[in_tree].double())
+                in_tree = in_tree & (cut[ranked] == y[..., None]).any(-1)
+
+    def smooth(total, n, rising=lambda row: True):
+        out = []
+        for s in range(len(n)):
+            have = (n[s] > 0).numpy()
+            if not have.any():
+                out.append([0.0] * K)
+                continue
+            rate = (total[s][n[s] > 0] / n[s][n[s] > 0]).numpy()
+            fit = isotonic_regression(rate, weights=n[s][n[s] > 0].numpy(),
+                                      increasing=rising(s)).x
+            full = np.interp(np.arange(K), np.flatnonzero(have), fit)  # empty bins: neighbours'
+            out.append([round(float(v), 4) for v in np.clip(full, 0.0, 1.0)])
+        return out
+
+    def first(r):
+        return r == 0
+
+    return {"confidence_edges": CONFIDENCE_EDGES, "greedy": smooth(hit, count),
+            "sampled": smooth(kept, count), "counts": count.long().tolist(),
+            "greedy_by_rank": smooth(rank_hit, tried, first),
+            "sampled_by_rank": smooth(rank_p, tried, first),
+            "counts_by_rank": tried[0].long().tolist(),
+            "about": "how often drafts are kept, by the head's top probability (bins up to "
+                     "confidence_edges): a chain's draft per step (greedy: argmax equals the "
+                     "target's; sampled: 1 - TV at temperature 1); a tree's top-k candidate by "
+                     "rank (greedy: it is the target's argmax; sampled: the target's probability "
+                     "of it); weights/train_heads.py on held-out greedy continuations"}
+
+
+def load_eagle_torch(path: Path, shape: dict, gains=(1.0, 1.0)):
+    """(layer, fc) holding the EAGLE head this script saved in `path` (F16 -> float32)."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path / "model.safetensors"))
+    layer, fc = build_layer(shape), gained_linear(2 * shape["hidden_size"],
+                                                  shape["hidden_size"], gains)
+    fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
+    layer.load_state_dict({k[len("model.layers.0."):]: v.float()
+                           for k, v in saved.items() if k.startswith("model.layers.0.")})
+    return layer, fc, saved.get("draft_vocab")
+
+
+def calibrate(path: Path, target, held) -> None:
+    """--calibrate-eagle: add the head's measured `acceptance` to path/config.json."""
+    import torch
+
+    cfg_file = path / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    layer, fc, cut = load_eagle_torch(path, cfg)
+    if cut is None:
+        cut = torch.arange(target.config.vocab_size)
+    seqs = [torch.as_tensor(s).numpy() for (s, _), _ in held]
+    table = acceptance(layer, fc, target.model.embed_tokens, target.model.norm,
+                       target.lm_head.weight, cut.long(), seqs, [f for _, f in held],
+                       [L for (_, L), _ in held])
+    cfg["acceptance"] = table
+    cfg_file.write_text(config_text(cfg))
+    n = sum(table["counts"][0])
+    print(f"{cfg_file}: acceptance by confidence from {len(held)} held-out continuations "
+          f"({n} chain starts)", flush=True)
+    print(f"  confidence up to {' '.join(f'{v:4.2f}' for v in table['confidence_edges'])}")
+    for kind in ("greedy", "sampled"):
+        for s, row in enumerate(table[kind]):
+            print(f"  {kind:7s} step {s + 1}:  {' '.join(f'{v:4.2f}' for v in row)}")
+        for r, row in enumerate(table[f"{kind}_by_rank"]):
+            print(f"  {kind:7s} rank {r + 1}:  {' '.join(f'{v:4.2f}' for v in row)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -436,6 +576,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-cache", default=None,
                     help="a .pt file: reuse the sequences and features saved there, else save "
                          "them; several, comma-separated: train on all of them (each made before)")
+    ap.add_argument("--calibrate-eagle", default=None, metavar="DIR",
+                    help="train nothing: measure the EAGLE head in DIR's acceptance by "
+                         "confidence on the held-out sets of --data-cache and write it into "
+                         "DIR/config.json (what its stop rule reads)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a ~1 minute smoke run")
@@ -479,10 +623,14 @@ def main(argv: list[str] | None = None) -> None:
     # -- 1. data -----------------------------------------------------------------------------
     caches = [Path(c) for c in args.data_cache.split(",")] if args.data_cache else []
     cache = caches[0] if len(caches) == 1 else None  # where a new data set is saved
+    if args.calibrate_eagle and not (caches and all(c.is_file() for c in caches)):
+        raise SystemExit("--calibrate-eagle: needs --data-cache files made before (it measures "
+                         "on their held-out sets)")
     if caches and all(c.is_file() for c in caches):  # several: joined, the first's eval set
         parts = [torch.load(c, weights_only=False) for c in caches]
         data = {k: sum((d[k] for d in parts), []) for k in ("train", "feats")}
         data.update(eval=parts[0]["eval"], eval_feats=parts[0]["eval_feats"])
+        held_all = [(e, h) for d in parts for e, h in zip(d["eval"], d["eval_feats"])]
         print(f"data: {len(data['train'])} + {len(data['eval'])} sequences from "
               f"{args.data_cache}")
     elif len(caches) > 1:
@@ -536,6 +684,10 @@ def main(argv: list[str] | None = None) -> None:
     feats, eval_feats = data["feats"], data["eval_feats"]
     times["features_s"] = round(time.time() - t)
     print(f"features: {times['features_s']} s", flush=True)
+    if args.calibrate_eagle:
+        held = held_all if len(caches) > 1 else list(zip(evals, eval_feats))
+        calibrate(Path(args.calibrate_eagle), target, held)
+        return
 
     # -- 3. draft vocabulary -------------------------------------------------------------------
     V = tc.vocab_size
@@ -686,8 +838,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"eagle: greedy chain of 4 on held-out continuations: {acc:.3f} accepted per "
               f"round ({n:.0f} rounds), ~{1 + acc:.2f} tokens per target call; {text}; "
               f"{times['eagle_s']} s of training", flush=True)
+        table = acceptance(layer, fc, embed, norm, target.lm_head.weight, cut_t, eval_seqs,
+                           eval_feats, [L for _, L in evals])
         out = Path(args.out_eagle)
         save_eagle(out, layer, fc, shape, {"target": target_id, **cut_fields,
+                   "acceptance": table,
                    "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
                             f"layer), trained with a {args.ttt}-step training-time test; "
                             "weights/train_heads.py",
