@@ -108,11 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="children per depth of a tree drafter's tree, e.g. 3,2,1,1 (default: "
                     "2,2,1,1 for model-tree, 1,1,1,1 for medusa; eagle drafts a chain without it)")
     ap.add_argument("--dynamic", default=None, metavar="BEAM,NODES",
-                    help="eagle: grow the --tree dynamically (EAGLE-2), expanding the BEAM most "
-                    "probable nodes per depth and keeping the NODES most probable")
+                    help="eagle: grow the --tree dynamically (EAGLE-2), expanding the BEAM best "
+                    "nodes per depth and keeping the NODES best, by their estimated chance of "
+                    "being kept (the head's measured acceptance, else its draft probability)")
     ap.add_argument("--stop", type=float, default=None, metavar="P",
-                    help="eagle (chain): end a round's chain where the head's own probability "
-                    "of it falls below P (a dynamic draft length; 0.15 in the eagle-stop preset)")
+                    help="eagle (chain): end a round's chain where its estimated chance of "
+                    "being kept (the head's measured acceptance, else its own probability) falls "
+                    "below P (a dynamic draft length; 0.15 in the eagle-stop preset)")
     ap.add_argument("--prompt", default=None,
                     help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")

@@ -21,8 +21,10 @@ the verify call, no extra work), and the layer's cache is rolled back to the ent
 true features: the next round re-feeds the accepted drafts with their true features, so a wrong
 guess never compounds across rounds.
 
-A chain may end early: with `stop` it ends where the head's own probability of it falls below
-a threshold (a dynamic draft length; the rule is decided before each draw, so it stays exact).
+A chain may end early: with `stop` it ends where the estimated chance that all of it is kept
+falls below a threshold (a dynamic draft length; the rule is decided before each draw, so it
+stays exact). The estimate is the head's own probability, or, for a head whose config.json
+carries the `acceptance` it measured on held-out text, that measured rate at its confidence.
 
 Trees: with `shape` (children per depth) each node of depth d - 1 gets the top k_d tokens of
 its guessed distribution (a static tree); with `dynamic=(beam, nodes)` the tree grows as in
@@ -30,8 +32,11 @@ EAGLE-2: at each depth only the `beam` nodes with the highest cumulative draft p
 expanded (k_d children each), and the `nodes` most probable nodes overall are kept. At
 temperature 0 the candidates are top-k tokens (one-hot proposals); a static tree, when sampling,
 draws distinct candidates without replacement from the guessed distribution
-(tree_model.children); the dynamic tree always takes top-k candidates, since keeping the
-sampled candidates the draft likes best would bias them. Either way the tree is verified
+(tree_model.children). A dynamic tree that ranks its nodes by the head's own probabilities
+takes top-k candidates at every temperature, since keeping the sampled candidates the draft
+likes best would bias them; a head with a measured `acceptance` ranks them by estimated chances
+of being kept that never read the drawn token (rank_chances), so when sampling it may draw its
+candidates too, where that is measured to pay (tree_mode). Either way the tree is verified
 losslessly (minispec/tree.py).
 
 Files (`weights/eagle`, made by `weights/train_heads.py`): config.json (the layer's shape) and
@@ -68,19 +73,31 @@ class EagleDrafter(Drafter):
     dynamic tree (with shape giving the children of each expanded node per depth); draft_vocab:
     the token ids the head may propose (ascending; None: all of them), see vocab.py.
 
-    stop: a chain's dynamic length. Before drafting token i the head's own (unwarped)
-    probability of the chain so far times the top probability of its next distribution is
-    compared with `stop`; below it, the chain ends there (it may be empty: a plain target step).
-    A token the head is unsure of is rarely accepted and costs a draft step and a verify row.
+    stop: a chain's dynamic length. Before drafting token i the estimated chance that the chain
+    so far and token i are all kept is compared with `stop`; below it, the chain ends there (it
+    may be empty: a plain target step). A token the head is unsure of is rarely accepted and
+    costs a draft step and a verify row. The estimate: without `acceptance`, the head's own
+    (unwarped) probability of the drafts made times the top probability of its next
+    distribution; with it, the product of the measured rates at each step's confidence.
     The rule reads only the drafts already made and the next distribution, never the token about
     to be drawn, so every drafted token is still a plain draw from its q and verification stays
     exact (choosing after the draw would bias the drafts toward tokens the head likes).
+
+    acceptance: how often the head's drafts were kept, measured (weights/train_heads.py):
+    {"edges": [K] upper edges of confidence bins (the head's top probability), "greedy" and
+    "sampled": [steps, K] rates per chain step and bin}, greedy for temperature 0 (the argmax
+    is the target's), sampled for sampling (1 - TV at temperature 1, used at every temperature
+    as an estimate); optionally "greedy_by_rank" and "sampled_by_rank" [ranks, K], the chance
+    that a tree's rank-j top-k candidate is kept (is the target's argmax; the target's
+    probability of it). A dynamic tree then ranks its nodes by estimated chances (their product
+    along the path) instead of the head's own probabilities, and when sampling may draw its
+    candidates (tree_mode, rank_chances); see read_acceptance.
     """
 
     name = "eagle"
 
     def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None,
-                 draft_vocab=None, stop: float | None = None) -> None:
+                 draft_vocab=None, stop: float | None = None, acceptance=None) -> None:
         super().__init__(target)
         D = target.config.hidden_size
         if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
@@ -113,6 +130,7 @@ class EagleDrafter(Drafter):
                                 f"chain (no tree), got {stop!r:.40}"
                                 f"{' with a tree' if shape is not None else ''}")
         self.stop = None if stop is None else float(stop)
+        self.acceptance = acceptance
         self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
@@ -168,19 +186,21 @@ class EagleDrafter(Drafter):
         if self.shape is not None:
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
-        sure = 1.0  # the head's own probability of the chain so far (for `stop`)
+        sure = 1.0  # the estimated chance that the chain so far is kept (for `stop`)
         for i in range(gamma):
             logits = self.draft_head(g)  # [1, V]
+            q_i = warp(logits)[0]
             if self.stop is not None:  # decided before sampling: see `stop` in __init__
                 own = np.exp(logits[0] - logits[0].max())
                 own /= own.sum()  # the head's unwarped distribution
-                if sure * own.max() < self.stop:
+                chance = self.chance(own.max(), i, q_i)
+                if sure * chance < self.stop:
                     break
-            q.append(warp(logits)[0])
-            tokens.append(sample(q[-1], rng))
+            q.append(q_i)
+            tokens.append(sample(q_i, rng))
             if self.stop is not None:
-                sure *= float(own[tokens[-1]])
-                if sure < self.stop:  # no next token can pass (its top probability is <= 1):
+                sure *= chance if self.acceptance is not None else float(own[tokens[-1]])
+                if sure < self.stop:  # no next token can pass (each chance is <= 1):
                     break  # the same chain, without the layer and head calls that would show it
             if i + 1 < gamma:  # the next guess: the pair (g, the token just drafted)
                 pos = self.cache.length
@@ -191,29 +211,85 @@ class EagleDrafter(Drafter):
             return self.empty_draft()
         return Draft(np.array(tokens, dtype=np.int64), np.array(q))
 
+    def chance(self, confidence: float, step: int, q_row) -> float:
+        """The estimated chance that a draft at chain step `step` (0-based) is kept, given the
+        head's top probability there: that probability itself, or the rate measured for it."""
+        if self.acceptance is None:
+            return float(confidence)
+        edges = self.acceptance["edges"]
+        kind = "greedy" if np.count_nonzero(q_row) == 1 else "sampled"  # T = 0: q one-hot
+        rates = self.acceptance[kind]
+        k = min(int(np.searchsorted(edges, confidence)), len(edges) - 1)
+        return float(rates[min(step, len(rates) - 1), k])
+
+    def by_rank(self, confidence: float, k: int, q_row):
+        """The measured chances that a node's top-k candidates are kept (rank j = 0..k-1): at
+        temperature 0 that the rank-j token is the target's argmax, when sampling the target's
+        probability of it; None if the head has no such table."""
+        kind = "greedy_by_rank" if np.count_nonzero(q_row) == 1 else "sampled_by_rank"
+        if self.acceptance is None or kind not in self.acceptance:
+            return None
+        edges, rates = self.acceptance["edges"], self.acceptance[kind]
+        b = min(int(np.searchsorted(edges, confidence)), len(edges) - 1)
+        return [float(rates[min(j, len(rates) - 1), b]) for j in range(k)]
+
+    def tree_mode(self, confidence: float, k: int, q_row) -> str:
+        """How a dynamic tree picks its candidates this round, decided at the root before any
+        is drawn: the top-k ("deterministic"), unless it is sampling and the chance that the
+        first of k drawn candidates is kept (the chain's measured a) beats the measured chance
+        that one of the top k is ("without-replacement"). The first wins where the target's
+        distributions are peaked, the second where they are flat (the toy target)."""
+        top = self.by_rank(confidence, k, q_row)
+        if top is None or np.count_nonzero(q_row) == 1:
+            return "deterministic"
+        drawn = self.chance(confidence, 0, q_row)
+        return "without-replacement" if drawn > sum(top) else "deterministic"
+
+    def rank_chances(self, confidence: float, depth: int, k: int, q_row, mode: str):
+        """A dynamic tree's estimated chances that the k children of a node are kept, given
+        the node's head distribution (top probability `confidence`) and depth: None without a
+        measured `acceptance` (the head's own probabilities of the top-k tokens are used). For
+        top-k children, by_rank. For children drawn without replacement, a (1 - a)^j for the
+        j-th drawn, with a the chain's measured chance at this confidence and depth: it reads
+        neither the drawn tokens nor their q, and falls with j, so a later sibling never
+        outranks an earlier one (see propose_tree)."""
+        if mode == "deterministic":
+            return self.by_rank(confidence, k, q_row)
+        a = self.chance(confidence, depth, q_row)
+        return [a * (1.0 - a) ** j for j in range(k)]
+
     def propose_tree(self, g, gamma, warp, rng) -> Draft:
         """A tree of top-k candidates, static or EAGLE-2's dynamic (see the module docstring);
         the nodes' layer entries wait in the cache's slots past its length, like the target's."""
         levels = self.shape[:gamma]
         tokens, parents, q, score = [], [], [], []
         frontier, feats = [-1], g  # nodes to expand, and their guessed features [F, D]
-        # a dynamic tree keeps the nodes its draft likes best: chosen from sampled candidates,
-        # that choice would bias them (a kept sibling would no longer be a plain draw), so its
-        # candidates are always the top-k, a function of the context alone
-        mode = "deterministic" if self.dynamic is not None else None
+        # a dynamic tree keeps the nodes its draft likes best: chosen by their q from sampled
+        # candidates, that choice would bias them (a kept sibling would no longer be a plain
+        # draw), so without a measured acceptance its candidates are the top-k, a function of
+        # the context alone. With one, a node's score is its parent's times an estimate that
+        # reads only the parent's distribution, the depth and the draw order (rank_chances):
+        # whether a sampled child is kept then never depends on the token it drew.
+        mode = None
         for d, k in enumerate(levels):
             logits = self.draft_head(feats)  # [F, V]
             probs = warp(logits)
             logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
-            mode = mode or sibling_mode(probs[0])
+            if mode is None:  # decided at the root, before any candidate is drawn
+                mode = sibling_mode(probs[0]) if self.dynamic is None else self.tree_mode(
+                    float(np.exp(logp[0].max())), k, probs[0])
             first = len(tokens)
             for row, node in enumerate(frontier):
                 base = 0.0 if node < 0 else score[node]
-                for x in children(logits[row], probs[row], k, mode, rng):
+                kids = children(logits[row], probs[row], k, mode, rng)
+                rates = None if self.dynamic is None else self.rank_chances(
+                    float(np.exp(logp[row].max())), d, len(kids), probs[row], mode)
+                for j, x in enumerate(kids):
                     tokens.append(x)
                     parents.append(node)
                     q.append(probs[row])
-                    score.append(base + float(logp[row, x]))
+                    score.append(base + (float(logp[row, x]) if rates is None
+                                         else float(np.log(max(rates[j], 1e-9)))))
             new = list(range(first, len(tokens)))
             if self.dynamic is not None:  # expand only the `beam` most probable of this depth
                 new = sorted(sorted(new, key=lambda i: -score[i])[: self.dynamic[0]])
@@ -309,7 +385,52 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None) -> EagleDrafte
     layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
                   name=f"eagle:{path.name}")
     return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
-                        read_draft_vocab(st, cfg, cfg_file), stop)
+                        read_draft_vocab(st, cfg, cfg_file), stop,
+                        read_acceptance(cfg, cfg_file))
+
+
+def read_acceptance(cfg: dict, source) -> dict | None:
+    """config.json's optional "acceptance" (written by weights/train_heads.py) -> {"edges" [K],
+    "greedy" [steps, K], "sampled" [steps, K], and when given "greedy_by_rank" and
+    "sampled_by_rank" [ranks, K]} as arrays, or None: "confidence_edges", K increasing upper
+    edges of bins of the head's top probability, the last 1; "greedy" and "sampled", one list
+    of K rates in [0, 1] per chain step; the two "_by_rank", one per rank of a tree's top-k
+    candidate."""
+    a = cfg.get("acceptance")
+    if a is None:
+        return None
+    if not isinstance(a, dict):
+        raise MinispecError(f"{source}: field 'acceptance' should be an object, got {a!r:.60}")
+
+    def numbers(value, name, shape_text):
+        try:
+            arr = np.array(value, dtype=np.float64)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is None or arr.dtype == object or not np.isfinite(arr).all() or \
+                any(isinstance(v, bool) for v in np.ravel(np.array(value, dtype=object))):
+            raise MinispecError(f"{source}: acceptance.{name} should be {shape_text} of "
+                                f"numbers, got {value!r:.60}")
+        return arr
+
+    edges = numbers(a.get("confidence_edges"), "confidence_edges", "a list")
+    if edges.ndim != 1 or edges.size == 0 or (np.diff(edges) <= 0).any() or edges[0] <= 0 \
+            or edges[-1] != 1:
+        raise MinispecError(f"{source}: acceptance.confidence_edges should be increasing "
+                            f"probabilities in (0, 1] ending at 1, got "
+                            f"{a.get('confidence_edges')!r:.60}")
+    out = {"edges": edges}
+    by_rank = ("greedy_by_rank", "sampled_by_rank")
+    for kind in ("greedy", "sampled") + (by_rank if any(k in a for k in by_rank) else ()):
+        rates = numbers(a.get(kind), kind, "a list of lists")
+        if rates.ndim != 2 or rates.shape[0] == 0 or rates.shape[1] != edges.size or \
+                (rates < 0).any() or (rates > 1).any():
+            raise MinispecError(f"{source}: acceptance.{kind} should be one list of "
+                                f"{edges.size} rates in [0, 1] (one per confidence bin) per "
+                                f"{'rank' if 'rank' in kind else 'chain step'}, got "
+                                f"{a.get(kind)!r:.60}")
+        out[kind] = rates
+    return out
 
 
 def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
