@@ -169,6 +169,11 @@ def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
     np.testing.assert_allclose(np.dot(table["counts"][0], table["sampled"][0]), kept,
                                rtol=2e-3)
     assert sum(table["counts"][1]) == hit  # step 2: only where step 1 matched
+    # on sampled text a start counts at step 2 with the chance a sampled chain got there
+    soft = th.acceptance(layer, fc, embed, norm, lm_head, torch.arange(c.vocab_size), seqs,
+                         feats, starts, steps=2, sampled_text=True)
+    assert soft["counts"][0] == table["counts"][0]
+    np.testing.assert_allclose(sum(soft["counts"][1]), kept, atol=0.5)  # rounded to 0.1 a bin
     assert table["counts_by_rank"] == tried.tolist() and tried.sum() > count.sum()
     for r in range(R):
         np.testing.assert_allclose(np.dot(tried, table["greedy_by_rank"][r]), rank_hit[r],

@@ -182,10 +182,11 @@ def chat_prompts(train_files, heldout_files, n: int, n_eval: int, rng):
 
 
 def generate(target, prompts, *, batch: int, new_tokens: int, eos, pad: int, seed: int,
-             greedy_only: bool = False):
+             greedy_only: bool = False, sampled_only: bool = False):
     """The target's continuations of `prompts` (lists of ids) -> list of (int64 array of
     prompt + continuation up to its first EOS, prompt length). Batches alternate greedy /
-    sampled at T=1 (only greedy with greedy_only); prompts are left-padded within a batch."""
+    sampled at T=1 (only greedy with greedy_only, only sampled with sampled_only); prompts are
+    left-padded within a batch."""
     import torch
     from transformers import GenerationConfig
 
@@ -197,7 +198,7 @@ def generate(target, prompts, *, batch: int, new_tokens: int, eos, pad: int, see
         L = max(len(r) for r in rows)
         x = torch.tensor([[pad] * (L - len(r)) + r for r in rows], dtype=torch.int64)
         mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
-        sample = not greedy_only and b % 2 == 1
+        sample = sampled_only or (not greedy_only and b % 2 == 1)
         cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=sample,
                                temperature=1.0 if sample else None, top_k=0 if sample else None,
                                top_p=1.0 if sample else None, eos_token_id=list(eos) or None,
@@ -414,21 +415,25 @@ CONFIDENCE_EDGES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
 RANKS = 4  # a tree candidate's rank in the head's distribution, for `acceptance`'s by_rank
 
 
-def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps: int = 4):
-    """How often an EAGLE chain's draft is kept, by the head's confidence, measured on greedy
-    continuations (`seqs` with their features; generated text from index `starts[i]`) -> the
-    "acceptance" field of the head's config.json, which its `stop` rule reads
-    (minispec/drafters/eagle.py). For chain step s (0-based) and each confidence bin: "greedy",
-    the fraction of drafts equal to the target's argmax (a greedy draft's acceptance); "sampled",
-    the mean of sum_x min(p(x), q(x)) = 1 - TV(p, q), the chance a draft sampled from q at
-    temperature 1 is kept. Step s counts only chain starts whose steps before it all matched (a
-    chain reaches step s only then). For a tree of top-k candidates (EAGLE-2's dynamic tree), by
-    the rank r of a candidate in the head's distribution (all steps together, counting starts
-    whose earlier steps had the target's token among the head's top RANKS): "greedy_by_rank",
-    how often the rank-r token is the target's argmax; "sampled_by_rank", the target's mean
-    probability of it (a one-hot candidate's chance to be kept at temperature 1). Rates are
-    made monotone in the confidence (weighted isotonic regression: rank 1 and the chain's
-    non-decreasing, other ranks non-increasing) and an empty bin takes its neighbours' rate."""
+def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps: int = 4,
+               sampled_text: bool = False):
+    """How often an EAGLE head's drafts are kept, by its confidence (its top probability, in
+    CONFIDENCE_EDGES bins), on the target's continuations `seqs` (with their features; generated
+    text from index `starts[i]`) -> rates for the "acceptance" field of the head's config.json
+    (`calibrate` picks them), which its stop rule and dynamic tree read (drafters/eagle.py).
+
+    Per chain step s (0-based): "greedy", the fraction of drafts equal to the target's argmax (a
+    greedy draft's chance); "sampled", the mean 1 - TV(p, q) = sum_x min(p(x), q(x)) (a draft
+    sampled from q at T = 1). Per rank r of a tree's top-k candidates (all steps together):
+    "greedy_by_rank", how often the rank-r token is the target's argmax; "sampled_by_rank", the
+    target's mean probability of it (a one-hot candidate's chance at T = 1).
+
+    A start counts at step s only as far as a chain gets there: on greedy text, 1 if every
+    earlier step matched, else 0 (in the tree: the target's token among the top RANKS); with
+    `sampled_text` (continuations sampled at T = 1), the product of the earlier steps' 1 - TV
+    (in the tree: of the target's probability of the top RANKS). Rates are made monotone in the
+    confidence (weighted isotonic regression: the chain's and rank 1's non-decreasing, other
+    ranks' non-increasing); an empty bin takes its neighbours' rate."""
     import torch
     from scipy.optimize import isotonic_regression
 
@@ -447,30 +452,31 @@ def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps:
             outs = eagle_unroll(layer, fc, embed, f, x, steps)
             c = torch.arange(C)[None]
             start = torch.tensor([starts[i] for i in idx])[:, None]
-            reach = (c + 2 >= start) & (c + steps + 1 < lens[:, None])  # [B, C]
+            # the weight each start counts with at this step: 1 / 0 (greedy text: valid and
+            # every earlier step matched), or the chance a sampled chain got here
+            reach = ((c + 2 >= start) & (c + steps + 1 < lens[:, None])).double()  # [B, C]
             in_tree = reach.clone()
             for s, g in enumerate(outs):  # step s at start c guesses x_{c+s+2}
                 logq = torch.log_softmax(norm(g[:, s:s + C]) @ w_cut.T, dim=-1)  # [B, C, N]
                 conf, top = logq.max(-1)
                 conf = conf.exp()
-                match = cut[top] == x[:, s + 2:s + 2 + C]
-                logp = torch.log_softmax(norm(f[:, s + 1:s + 1 + C]) @ lm_head.T, dim=-1)
-                keep = torch.minimum(logp[..., cut], logq).exp().sum(-1)  # 1 - TV, [B, C]
-                b = torch.bucketize(conf, edges).clamp(max=K - 1)[reach]
-                count[s].index_add_(0, b, torch.ones_like(b, dtype=torch.float64))
-                hit[s].index_add_(0, b, match[reach].double())
-                kept[s].index_add_(0, b, keep[reach].double())
-                reach = reach & match
-                ranked = logq.topk(R, dim=-1).indices  # [B, C, R]
                 y = x[:, s + 2:s + 2 + C]
-                b = torch.bucketize(conf, edges).clamp(max=K - 1)[in_tree]
+                match = (cut[top] == y).double()
+                logp = torch.log_softmax(norm(f[:, s + 1:s + 1 + C]) @ lm_head.T, dim=-1)
+                keep = torch.minimum(logp[..., cut], logq).exp().sum(-1).double()  # 1 - TV
+                b = torch.bucketize(conf, edges).clamp(max=K - 1).flatten()
+                count[s].index_add_(0, b, reach.flatten())
+                hit[s].index_add_(0, b, (match * reach).flatten())
+                kept[s].index_add_(0, b, (keep * reach).flatten())
+                reach = reach * (keep if sampled_text else match)
+                ranked = cut[logq.topk(R, dim=-1).indices]  # [B, C, R] token ids
+                p_top = logp.gather(-1, ranked).exp().double()  # [B, C, R]
                 for r in range(R):
-                    tok = cut[ranked[..., r]]
-                    tried[r].index_add_(0, b, torch.ones_like(b, dtype=torch.float64))
-                    rank_hit[r].index_add_(0, b, (tok == y)[in_tree].double())
-                    p_r = logp.gather(-1, tok[..., None])[..., 0].exp()
-                    rank_p[r].index_add_(0, b, p_r[in_tree].double())
-                in_tree = in_tree & (cut[ranked] == y[..., None]).any(-1)
+                    tried[r].index_add_(0, b, in_tree.flatten())
+                    rank_hit[r].index_add_(0, b, ((ranked[..., r] == y) * in_tree).flatten())
+                    rank_p[r].index_add_(0, b, (p_top[..., r] * in_tree).flatten())
+                in_tree = in_tree * (p_top.sum(-1) if sampled_text
+                                     else (ranked == y[..., None]).any(-1).double())
 
     def smooth(total, n, rising=lambda row: True):
         out = []
@@ -490,10 +496,11 @@ def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps:
         return r == 0
 
     return {"confidence_edges": CONFIDENCE_EDGES, "greedy": smooth(hit, count),
-            "sampled": smooth(kept, count), "counts": count.long().tolist(),
+            "sampled": smooth(kept, count),
+            "counts": [[round(float(v), 1) for v in row] for row in count],
             "greedy_by_rank": smooth(rank_hit, tried, first),
             "sampled_by_rank": smooth(rank_p, tried, first),
-            "counts_by_rank": tried[0].long().tolist(),
+            "counts_by_rank": [round(float(v), 1) for v in tried[0]],
             "about": "how often drafts are kept, by the head's top probability (bins up to "
                      "confidence_edges): a chain's draft per step (greedy: argmax equals the "
                      "target's; sampled: 1 - TV at temperature 1); a tree's top-k candidate by "
@@ -514,8 +521,10 @@ def load_eagle_torch(path: Path, shape: dict, gains=(1.0, 1.0)):
     return layer, fc, saved.get("draft_vocab")
 
 
-def calibrate(path: Path, target, held) -> None:
-    """--calibrate-eagle: add the head's measured `acceptance` to path/config.json."""
+def calibrate(path: Path, target, held, *, new_tokens: int, eos, pad: int, seed: int) -> None:
+    """Add the measured `acceptance` of the EAGLE head in `path` to its config.json: the greedy
+    rates on the held-out greedy continuations `held` [((ids, prompt length), features)], the
+    sampled ones on continuations of the same prompts sampled at T = 1, made here."""
     import torch
 
     cfg_file = path / "config.json"
@@ -523,15 +532,38 @@ def calibrate(path: Path, target, held) -> None:
     layer, fc, cut = load_eagle_torch(path, cfg)
     if cut is None:
         cut = torch.arange(target.config.vocab_size)
-    seqs = [torch.as_tensor(s).numpy() for (s, _), _ in held]
-    table = acceptance(layer, fc, target.model.embed_tokens, target.model.norm,
-                       target.lm_head.weight, cut.long(), seqs, [f for _, f in held],
-                       [L for (_, L), _ in held])
+    t = time.time()
+    prompts = [[int(v) for v in s[:L]] for (s, L), _ in held]
+    sampled = generate(target, prompts, batch=16, new_tokens=new_tokens, eos=eos, pad=pad,
+                       seed=seed, sampled_only=True)
+    sampled_feats = features(target, [s for s, _ in sampled])
+    print(f"sampled continuations of the {len(prompts)} held-out prompts: "
+          f"{sum(len(s) - L for s, L in sampled)} tokens, {time.time() - t:.0f} s", flush=True)
+    tables = {}
+    for kind, seqs, feats in (("greedy", [s for (s, _), _ in held], [f for _, f in held]),
+                              ("sampled", [s for s, _ in sampled], sampled_feats)):
+        starts = [L for (_, L), _ in held] if kind == "greedy" else [L for _, L in sampled]
+        tables[kind] = acceptance(layer, fc, target.model.embed_tokens, target.model.norm,
+                                  target.lm_head.weight, cut.long(),
+                                  [torch.as_tensor(s).numpy() for s in seqs], feats, starts,
+                                  sampled_text=kind == "sampled")
+    g, s_ = tables["greedy"], tables["sampled"]
+    table = {"confidence_edges": g["confidence_edges"], "greedy": g["greedy"],
+             "sampled": s_["sampled"], "greedy_by_rank": g["greedy_by_rank"],
+             "sampled_by_rank": s_["sampled_by_rank"], "counts": g["counts"],
+             "sampled_counts": s_["counts"],
+             "about": "how often drafts are kept, by the head's top probability (bins up to "
+                      "confidence_edges): a chain's draft per step (greedy: argmax equals the "
+                      "target's, on held-out greedy continuations; sampled: 1 - TV, on "
+                      "continuations of the same prompts sampled at T = 1, each start weighted "
+                      "by the chance a sampled chain reached it); a tree's top-k candidate by "
+                      "rank (greedy: it is the target's argmax; sampled: the target's "
+                      "probability of it); weights/train_heads.py --calibrate-eagle"}
     cfg["acceptance"] = table
     cfg_file.write_text(config_text(cfg))
     n = sum(table["counts"][0])
     print(f"{cfg_file}: acceptance by confidence from {len(held)} held-out continuations "
-          f"({n} chain starts)", flush=True)
+          f"({n:.0f} chain starts) and as many sampled ones", flush=True)
     print(f"  confidence up to {' '.join(f'{v:4.2f}' for v in table['confidence_edges'])}")
     for kind in ("greedy", "sampled"):
         for s, row in enumerate(table[kind]):
@@ -619,6 +651,8 @@ def main(argv: list[str] | None = None) -> None:
     eos = sorted({i for i in (tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>"),
                               tc.eos_token_id if isinstance(tc.eos_token_id, int) else None)
                   if i is not None})
+    # how the held-out continuations were generated: chat stops at EOS, code runs on
+    gen_eos, gen_pad = (eos, eos[-1]) if args.data == "chat" else ((), 0)
 
     # -- 1. data -----------------------------------------------------------------------------
     caches = [Path(c) for c in args.data_cache.split(",")] if args.data_cache else []
@@ -686,7 +720,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"features: {times['features_s']} s", flush=True)
     if args.calibrate_eagle:
         held = held_all if len(caches) > 1 else list(zip(evals, eval_feats))
-        calibrate(Path(args.calibrate_eagle), target, held)
+        calibrate(Path(args.calibrate_eagle), target, held, new_tokens=args.new_tokens,
+                  eos=gen_eos, pad=gen_pad, seed=args.seed)
         return
 
     # -- 3. draft vocabulary -------------------------------------------------------------------
@@ -838,11 +873,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"eagle: greedy chain of 4 on held-out continuations: {acc:.3f} accepted per "
               f"round ({n:.0f} rounds), ~{1 + acc:.2f} tokens per target call; {text}; "
               f"{times['eagle_s']} s of training", flush=True)
-        table = acceptance(layer, fc, embed, norm, target.lm_head.weight, cut_t, eval_seqs,
-                           eval_feats, [L for _, L in evals])
         out = Path(args.out_eagle)
         save_eagle(out, layer, fc, shape, {"target": target_id, **cut_fields,
-                   "acceptance": table,
                    "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
                             f"layer), trained with a {args.ttt}-step training-time test; "
                             "weights/train_heads.py",
@@ -852,6 +884,8 @@ def main(argv: list[str] | None = None) -> None:
                                 "reg": args.reg, "noise": args.noise, "seed": args.seed,
                                 "fc_gains": gains, **times}}, cut_tensor)
         print(f"wrote {out}", flush=True)
+        calibrate(out, target, list(zip(evals, eval_feats)), new_tokens=args.new_tokens,
+                  eos=gen_eos, pad=gen_pad, seed=args.seed)
 
     # -- 5. Medusa -----------------------------------------------------------------------------
     if args.out_medusa:
