@@ -27,16 +27,21 @@ def _recipe():
     return module
 
 
-@pytest.mark.parametrize("gains", [(1.0, 1.0), (1.0, 30.0)])
-def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path, gains):
-    th = _recipe()
+def _tiny_target():
+    """A random tiny target and the shape of an EAGLE layer for it (the recipe's `shape`)."""
     target = random_model(tiny_config(), seed=0, scale=0.5)
     c = target.config
-    D = c.hidden_size
-    shape = {"hidden_size": D, "num_attention_heads": c.n_heads,
+    shape = {"hidden_size": c.hidden_size, "num_attention_heads": c.n_heads,
              "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
              "intermediate_size": c.intermediate_size, "rms_norm_eps": c.norm_eps,
              "rope_theta": c.rope_theta}
+    return target, shape
+
+
+@pytest.mark.parametrize("gains", [(1.0, 1.0), (1.0, 30.0)])
+def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path, gains):
+    th, target, shape = _recipe(), *_tiny_target()
+    D = shape["hidden_size"]
     torch.manual_seed(0)
     layer = th.build_layer(shape)
     fc = th.gained_linear(2 * D, D, gains)
@@ -84,14 +89,8 @@ def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
     step 1, exactly the drafts minispec's drafter makes from the same context: their confidence
     bins, how many equal the target's greedy token and their 1 - TV; step 2 counts only the
     chain starts whose first draft matched."""
-    th = _recipe()
-    target = random_model(tiny_config(), seed=0, scale=0.5)
-    c = target.config
-    D = c.hidden_size
-    shape = {"hidden_size": D, "num_attention_heads": c.n_heads,
-             "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
-             "intermediate_size": c.intermediate_size, "rms_norm_eps": c.norm_eps,
-             "rope_theta": c.rope_theta}
+    th, target, shape = _recipe(), *_tiny_target()
+    c, D = target.config, shape["hidden_size"]
     torch.manual_seed(1)
     layer, fc = th.build_layer(shape), th.gained_linear(2 * D, D, (1.0, 1.0))
     with torch.no_grad():  # a head that guesses the next feature is the current one, plus
