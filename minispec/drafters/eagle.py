@@ -216,11 +216,14 @@ class EagleDrafter(Drafter):
         head's top probability there: that probability itself, or the rate measured for it."""
         if self.acceptance is None:
             return float(confidence)
-        edges = self.acceptance["edges"]
         kind = "greedy" if np.count_nonzero(q_row) == 1 else "sampled"  # T = 0: q one-hot
         rates = self.acceptance[kind]
-        k = min(int(np.searchsorted(edges, confidence)), len(edges) - 1)
-        return float(rates[min(step, len(rates) - 1), k])
+        return float(rates[min(step, len(rates) - 1), self.confidence_bin(confidence)])
+
+    def confidence_bin(self, confidence: float) -> int:
+        """The `acceptance` bin of a top probability (bins end at its confidence_edges)."""
+        edges = self.acceptance["edges"]
+        return min(int(np.searchsorted(edges, confidence)), len(edges) - 1)
 
     def by_rank(self, confidence: float, k: int, q_row):
         """The measured chances that a node's top-k candidates are kept (rank j = 0..k-1): at
@@ -229,8 +232,7 @@ class EagleDrafter(Drafter):
         kind = "greedy_by_rank" if np.count_nonzero(q_row) == 1 else "sampled_by_rank"
         if self.acceptance is None or kind not in self.acceptance:
             return None
-        edges, rates = self.acceptance["edges"], self.acceptance[kind]
-        b = min(int(np.searchsorted(edges, confidence)), len(edges) - 1)
+        rates, b = self.acceptance[kind], self.confidence_bin(confidence)
         return [float(rates[min(j, len(rates) - 1), b]) for j in range(k)]
 
     def tree_mode(self, confidence: float, k: int, q_row) -> str:
