@@ -5,10 +5,12 @@ tree decoding against autoregressive decoding."""
 import numpy as np
 import pytest
 from conftest import FAMILIES, tiny_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 import minispec
-from minispec.drafters.tree_model import TreeModelDrafter, check_shape, tree_size
+from minispec.drafters.tree_model import TreeModelDrafter, check_shape, top_k, tree_size
 from minispec.errors import MinispecError
 from minispec.loader import random_model
 from minispec.tree import depths, hidden_tree, keep_path, verify_tree
@@ -235,3 +237,13 @@ def test_auto_gamma_with_a_tree_sees_depths_not_node_counts():
     assert [r.depth for r in rounds[:-1]] == [4] * (len(rounds) - 1)
     assert all(r.accepted == r.depth for r in rounds)
     assert out.stats.acceptance_rate == 1.0  # kept positions / drafted positions, as for a chain
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([-np.inf, -2.0, -1.0, 0.0, 0.5, 1.0, np.inf, np.nan]), min_size=1,
+                max_size=40), st.integers(1, 50))
+def test_top_k_is_the_stable_sort(values, k):
+    # a tree's candidates at temperature 0: top_k must pick exactly what a stable sort of the
+    # logits picks (ties by lower id, -inf and NaN rows included), or greedy trees would differ
+    row = np.array(values, dtype=np.float32)
+    assert top_k(row, k) == [int(x) for x in np.argsort(-row, kind="stable")[:k]]

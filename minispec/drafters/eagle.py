@@ -276,7 +276,8 @@ class EagleDrafter(Drafter):
         for d, k in enumerate(levels):
             logits = self.draft_head(feats)  # [F, V]
             probs = warp(logits)
-            logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)  # draft conf.
+            top = logits.max(axis=1, keepdims=True)  # log-softmax: the draft's confidence
+            logp = logits - (top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))
             if mode is None:  # decided at the root, before any candidate is drawn
                 mode = sibling_mode(probs[0]) if self.dynamic is None else self.tree_mode(
                     float(np.exp(logp[0].max())), k, probs[0])
