@@ -59,7 +59,8 @@ class Settings:
     exit_layer: int | None = None
     tree: tuple[int, ...] | None = None  # children per depth, for model-tree, medusa, eagle
     dynamic: tuple[int, int] | None = None  # EAGLE-2's (beam, nodes)
-    stop: float | None = None  # eagle: a chain ends where the head's confidence falls below it
+    stop: float | None = None  # eagle, model: a chain ends where its confidence falls below it
+    draft_vocab: str | None = None  # model: a safetensors file whose draft_vocab ids it proposes
 
 
 def shipped_pair() -> tuple[Path, Path]:
@@ -112,9 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "nodes per depth and keeping the NODES best, by their estimated chance of "
                     "being kept (the head's measured acceptance, else its draft probability)")
     ap.add_argument("--stop", type=float, default=None, metavar="P",
-                    help="eagle (chain): end a round's chain where its estimated chance of "
-                    "being kept (the head's measured acceptance, else its own probability) falls "
-                    "below P (a dynamic draft length; 0.15 in the eagle-stop preset)")
+                    help="eagle (chain) and model: end a round's chain where its estimated chance "
+                    "of being kept (an EAGLE head's measured acceptance, else the drafter's own "
+                    "probabilities) falls below P (a dynamic draft length; 0.15 in the eagle-stop "
+                    "preset)")
+    ap.add_argument("--draft-vocab", default=None, metavar="FILE",
+                    help="model: propose only the token ids of FILE's draft_vocab tensor (a head's "
+                    "model.safetensors, e.g. weights/smollm2/eagle/model.safetensors), computing "
+                    "only their rows of the draft's LM head")
     ap.add_argument("--prompt", default=None,
                     help="prompt text; without it, an interactive prompt")
     ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
@@ -167,7 +173,7 @@ class Session:
     """A loaded target and drafter plus the current settings: what one generation needs."""
 
     def __init__(self, args: argparse.Namespace):
-        from .drafters import make_drafter
+        from .drafters import load_draft_vocab, make_drafter
 
         self.args = args
         self.settings = Settings(  # the values first: checked before any model is loaded
@@ -178,13 +184,16 @@ class Session:
             drafter=args.drafter, exit_layer=args.exit_layer,
             tree=None if args.tree is None else check_shape(args.tree, "--tree"),
             dynamic=None if args.dynamic is None else parse_dynamic(args.dynamic),
-            stop=args.stop,
+            stop=args.stop, draft_vocab=args.draft_vocab,
         )
-        if args.stop is not None and (args.drafter != "eagle" or args.tree is not None
-                                      or not 0 <= args.stop < 1):
-            raise MinispecError(f"--stop: a probability in [0, 1) for the eagle drafter's chain "
-                                f"(--drafter eagle, no --tree), got {args.stop} with --drafter "
+        if args.stop is not None and (args.drafter not in ("eagle", "model")
+                                      or args.tree is not None or not 0 <= args.stop < 1):
+            raise MinispecError(f"--stop: a probability in [0, 1) for the eagle or model "
+                                f"drafter's chain (no --tree), got {args.stop} with --drafter "
                                 f"{args.drafter}{' --tree' if args.tree is not None else ''}")
+        if args.draft_vocab is not None and args.drafter != "model":
+            raise MinispecError(f"--draft-vocab: for the model drafter (--drafter model), got "
+                                f"--drafter {args.drafter}")
         if args.html and not chain_drafter(self.settings):
             raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
                                 "early-exit, eagle without --tree)")
@@ -205,6 +214,12 @@ class Session:
             from .cuda_graphs import enable_where_supported
 
             enable_where_supported(self.target, self.draft_model)
+        self.draft_vocab = None
+        if args.draft_vocab is not None:
+            try:
+                self.draft_vocab = load_draft_vocab(resolve(args.draft_vocab))
+            except MinispecError as e:
+                raise MinispecError(f"--draft-vocab: {e}") from None
         self.make_drafter = make_drafter
         self.drafter()  # built once now, so a bad --exit-layer or --tree shows before any text
         self.color = sys.stdout.isatty() and not args.no_color
@@ -256,7 +271,8 @@ class Session:
         s = self.settings
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
                                  exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic,
-                                 stop=s.stop if s.drafter == "eagle" else None)
+                                 stop=s.stop if s.drafter in ("eagle", "model") else None,
+                                 draft_vocab=self.draft_vocab if s.drafter == "model" else None)
 
     def generate(self, ids: list[int], speculative: bool, on_round=None, verify=None):
         from .drafters import NoDrafter
@@ -491,7 +507,10 @@ def describe_settings(s: Settings) -> str:
         f"  mode         {'speculative' if s.speculative else 'plain autoregressive'}",
         f"  drafter      {s.drafter}" + (f" (tree {','.join(map(str, s.tree))})"
                                          if s.tree else "")
-        + (f" (stop {s.stop:g})" if s.stop is not None and s.drafter == "eagle" else ""),
+        + (f" (stop {s.stop:g})" if s.stop is not None and s.drafter in ("eagle", "model")
+           else "")
+        + (f" (draft vocabulary {s.draft_vocab})" if s.draft_vocab and s.drafter == "model"
+           else ""),
         f"  gamma        {s.gamma}",
         f"  temperature  {sp.temperature:g}   top_k {sp.top_k}   top_p {sp.top_p:g}",
         f"  length       {s.max_new_tokens}",

@@ -140,7 +140,8 @@ def test_bench_without_a_draft_model_with_an_assistant(pair, capsys):
     r = json.loads(capsys.readouterr().out)
     gen = r["generation"]
     hf_rows = ["hf generate", "hf prompt lookup", "hf assisted", "hf assisted (hf defaults)"]
-    assert list(gen) == (["minispec autoregressive", "minispec ngram", "minispec model"]
+    assert list(gen) == (["minispec autoregressive", "minispec ngram", "minispec model",
+                          "minispec model-stop"]
                          + (hf_rows if hf == "on" else []))
     assert r["settings"]["assistant"] == str(pair / "draft")
     for name in list(gen)[1:]:

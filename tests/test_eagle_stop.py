@@ -272,7 +272,7 @@ def test_bad_stop_values_are_named():
         random_eagle(TARGET, shape=(2, 1), stop=0.2)
 
 
-def test_the_command_line_takes_stop_for_an_eagle_chain_only(capsys):
+def test_the_command_line_takes_stop_for_an_eagle_or_model_chain_only(capsys):
     from minispec.cli import main
 
     for argv in (["--drafter", "ngram", "--stop", "0.2"],

@@ -19,6 +19,7 @@ batch. Six drafters ship, chosen by name with `make_drafter`:
 from __future__ import annotations
 
 from ..errors import MinispecError
+from ..safetensors import SafetensorsFile
 from ..shipped import SHIPPED
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
 from .eagle import EagleDrafter, load_eagle, random_eagle
@@ -28,6 +29,7 @@ from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
+from .vocab import load_draft_vocab
 
 DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
 SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
@@ -38,6 +40,7 @@ SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
                  "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
 
 EAGLE_STOP = 0.15  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
+MODEL_STOP = 0.2  # the drafters table's "model stop" row: a draft model's chain of dynamic length
 # the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
 # `judge --drafter NAME` use: name -> (make_drafter's name, its options)
 PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
@@ -48,18 +51,21 @@ PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
 
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
-    "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS", "TreeModelDrafter",
-    "check_vocabularies", "default_exit_layer", "find_ngram", "load_eagle", "load_medusa",
-    "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
+    "MODEL_STOP", "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS",
+    "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
+    "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa", "make_drafter",
+    "random_eagle", "random_medusa", "sampled_vocab_size",
 ]
 
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
                  tree=None, medusa_dir=None, dynamic=None, eagle_dir=None,
-                 stop: float | None = None) -> Drafter:
+                 stop: float | None = None, draft_vocab=None) -> Drafter:
     """The drafter called `name` (one of DRAFTERS) for `target`.
 
-    "model" needs draft_model (a Model sharing the target's vocabulary); "early-exit" runs the
+    "model" needs draft_model (a Model sharing the target's vocabulary) and takes stop (a chain
+    ended where the draft's own confidence falls below it) and draft_vocab (ascending token ids:
+    only their rows of its LM head are computed, q = 0 elsewhere); "early-exit" runs the
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
     "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
     children per depth (default (2, 2, 1, 1)); "medusa" loads heads from medusa_dir (default:
@@ -75,7 +81,7 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
             raise MinispecError(
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
-        return ModelDrafter(target, draft_model)
+        return ModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":
         if draft_model is None:
             raise MinispecError("drafter 'model-tree' needs a draft model (--draft DIR)")
@@ -94,3 +100,14 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
         k = default_exit_layer(target) if exit_layer is None else exit_layer
         return EarlyExitDrafter(target, k)
     raise MinispecError(f"drafter: expected one of {' | '.join(DRAFTERS)}, got {name!r}")
+
+
+def head_draft_vocab(target):
+    """The draft vocabulary of the shipped EAGLE head trained for `target` (SmolLM2's: its 8,192
+    most frequent tokens), or None where there is no such head or it proposes every token."""
+    try:
+        path = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
+    except MinispecError:
+        return None
+    st = SafetensorsFile(path / "model.safetensors")
+    return st.get_ints("draft_vocab") if "draft_vocab" in st else None

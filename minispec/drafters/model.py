@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import to_host
 from ..batched import batch_head, batch_hidden
 from ..errors import MinispecError
 from ..sampling import sample
 from .base import Draft, Drafter, check_vocabularies
+from .vocab import DraftHead
 
 
 class ModelDrafter(Drafter):
@@ -16,14 +18,33 @@ class ModelDrafter(Drafter):
     Its KV cache holds a prefix of the context: after a round it is rolled back to the tokens the
     target kept, and the next `propose` feeds whatever it has not seen yet (the correction or
     bonus token, plus the last draft when every draft was accepted) in one multi-token call.
+
+    Two options, both exact (the verify step is unchanged) and off by default:
+    draft_vocab: ascending token ids; the draft computes only their rows of its LM head and
+        gives every other token q = 0 (FR-Spec; drafters/vocab.py). For a draft whose output
+        layer is most of its weights (a small model over a 49,152-token vocabulary) this is
+        most of the cost of a draft token.
+    stop: a chain of dynamic length. Before drafting token i, the chance that the chain so far
+        and token i are all kept is estimated by the draft's own probabilities (the product of
+        those of the tokens drafted so far, times its top probability now); below `stop` the
+        chain ends. The choice reads only what was drafted before token i, never token i, so
+        each drafted token is still kept with min(1, p/q). It pays only where the draft's
+        probabilities say how likely it is to be kept: a draft distilled to the target's
+        distributions (SmolLM2's) is close; the shipped toy draft is not, and drafts too little.
     """
 
     name = "model"
 
-    def __init__(self, target, model) -> None:
+    def __init__(self, target, model, draft_vocab=None, stop: float | None = None) -> None:
         super().__init__(target)
         check_vocabularies(target, model)
+        if stop is not None and not (isinstance(stop, (int, float)) and not isinstance(stop, bool)
+                                     and 0 <= stop < 1):
+            raise MinispecError(f"model: stop must be a probability in [0, 1), got {stop!r:.40}")
         self.model = model
+        self.stop = None if stop is None else float(stop)
+        self.draft_head = None if draft_vocab is None else DraftHead(
+            model, draft_vocab, "model draft_vocab")
         self.cache = None  # the draft model's KV cache, made by start
         self._synced = 0  # context length at the last propose: the cache matched it up to here
         self._fed: list[int] = []  # drafts fed to the cache after that (all but the last draft)
@@ -50,23 +71,48 @@ class ModelDrafter(Drafter):
         nothing needs its logits this round."""
         model = self.model
         plans = [d.prepare(c, g) for d, c, g in zip(drafters, contexts, gammas)]  # (g, tokens)
-        drafts = [np.empty(g, dtype=np.int64) for g, _ in plans]
-        qs = [np.empty((g, self.vocab_size)) for g, _ in plans]
+        todo = [g for g, _ in plans]  # drafts each sequence may still make (stop shortens it)
+        drafts = [np.empty(g, dtype=np.int64) for g in todo]
+        qs = [np.empty((g, self.vocab_size)) for g in todo]
         feed = [tokens for _, tokens in plans]
-        for i in range(max((g for g, _ in plans), default=0)):
-            live = [b for b, (g, _) in enumerate(plans) if g > i]  # still drafting
+        fed = [0] * len(plans)  # of each chain's drafts, how many went into its cache
+        sure = [1.0] * len(plans)  # the estimated chance that each chain so far is kept
+        for i in range(max(todo, default=0)):
+            live = [b for b, g in enumerate(todo) if g > i]  # still drafting
+            if not live:  # every chain ended early
+                break
             hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
-            logits = batch_head(model, hs, [1] * len(live))  # [1, V_draft] each
+            logits = self.heads(hs)  # [1, V_draft] each
             for b, row in zip(live, logits):
                 drafters[b].calls += 1
+                fed[b] = i  # drafts 0..i-1 are in the cache now
+                if self.stop is not None:  # see `stop` in the class docstring
+                    own = to_host(row[0]).astype(np.float64)
+                    own = np.exp(own - own.max())
+                    own /= own.sum()  # the draft's own (unwarped) distribution
+                    if sure[b] * own.max() < self.stop:
+                        todo[b] = i  # token i would not be kept often enough: end here
+                        continue
                 qs[b][i] = warp(row[0])  # [V]: only the row we sample from
                 drafts[b][i] = sample(qs[b][i], rngs[b])
                 feed[b] = [int(drafts[b][i])]
+                if self.stop is not None:
+                    sure[b] *= float(own[drafts[b][i]])
+                    if sure[b] < self.stop:  # no later token can pass: the same chain, sooner
+                        todo[b] = i + 1
         out = []
-        for d, c, (g, _), tokens, q in zip(drafters, contexts, plans, drafts, qs):
-            d._synced, d._fed = (len(c), tokens[:-1].tolist()) if g else (d.cache.length, [])
-            out.append(Draft(tokens, q) if g else d.empty_draft())
+        for d, c, g, n, tokens, q in zip(drafters, contexts, todo, fed, drafts, qs):
+            d._synced, d._fed = (len(c), tokens[:n].tolist()) if g else (d.cache.length, [])
+            out.append(Draft(tokens[:g], q[:g]) if g else d.empty_draft())
         return out
+
+    def heads(self, hs) -> list:
+        """The LM head on each sequence's last hidden row: the draft's own, or its rows of the
+        draft vocabulary (host logits, -inf outside it)."""
+        if self.draft_head is None:
+            return batch_head(self.model, hs, [1] * len(hs))
+        rows = self.draft_head(self.model.xp.concatenate([h[-1:] for h in hs]))  # [B, V]
+        return [rows[b:b + 1] for b in range(len(hs))]
 
     def draft_step(self):
         return self.model, None

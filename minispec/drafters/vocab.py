@@ -36,7 +36,7 @@ class DraftHead:
                                 f"shape {list(ids.shape)} of {ids.dtype}")
         if ids[0] < 0 or ids[-1] >= self.V or (ids.size > 1 and (np.diff(ids) <= 0).any()):
             raise MinispecError(f"{source}: expected ascending distinct token ids in "
-                                f"0..{self.V - 1} (the target's vocabulary), got "
+                                f"0..{self.V - 1} (the vocabulary drafted from), got "
                                 f"{ids.min()}..{ids.max()}"
                                 f"{'' if (np.diff(ids) > 0).all() else ', not ascending'}")
         xp = target.xp
@@ -69,3 +69,16 @@ def read_draft_vocab(st, cfg: dict, source) -> np.ndarray | None:
         raise MinispecError(f"{source}: draft_vocab_size is {n!r:.40} but the draft_vocab tensor "
                             f"holds {ids.size} ids")
     return ids
+
+
+def load_draft_vocab(path) -> np.ndarray:
+    """The "draft_vocab" token ids of a safetensors file: what train_heads.py writes into a
+    head's model.safetensors (e.g. weights/smollm2/eagle/model.safetensors), usable by any
+    drafter of the same target (`make_drafter("model", ..., draft_vocab=...)`)."""
+    from ..safetensors import SafetensorsFile
+
+    st = SafetensorsFile(path)  # a clear error for a missing or malformed file
+    if "draft_vocab" not in st:
+        raise MinispecError(f"{path}: no 'draft_vocab' tensor (a head trained with "
+                            "train_heads.py --draft-vocab N has one)")
+    return st.get_ints("draft_vocab")

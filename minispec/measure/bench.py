@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
-from ..drafters import EAGLE_STOP, PRESETS
+from ..drafters import EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
 from ..errors import MinispecError
 from ..sampling import Sampling
 from ..shipped import display, path_arg
@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "the target")
     ap.add_argument("--assistant", type=path_arg, default=None, metavar="DIR",
                     help="with --draft none: also a draft model that both minispec (its chain, "
-                    "'minispec model') and transformers (assisted generation: 'hf assisted', "
+                    "'minispec model', and its chain ended by its confidence, 'minispec "
+                    "model-stop') and transformers (assisted generation: 'hf assisted', "
                     "gamma tokens a round, and 'hf assisted (hf defaults)') draft with")
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
@@ -400,8 +401,10 @@ def run_without_draft(args: argparse.Namespace) -> dict:
             name, options = SELF_DRAFTERS[n]
             methods[f"minispec {n}"] = minispec_method(make_drafter(name, target, **options),
                                                        gamma)
-        if assistant is not None:
+        if assistant is not None:  # its chain, and its chain ended by its confidence
             methods["minispec model"] = minispec_method(ModelDrafter(target, assistant), gamma)
+            methods["minispec model-stop"] = minispec_method(ModelDrafter(
+                target, assistant, head_draft_vocab(target), MODEL_STOP), gamma)
         if use_hf:
             import torch
 

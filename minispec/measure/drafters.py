@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from ..backend import blas_threads
-from ..drafters import EAGLE_STOP, NoDrafter, make_drafter
+from ..drafters import EAGLE_STOP, MODEL_STOP, NoDrafter, head_draft_vocab, make_drafter
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
 from ..sampling import Sampling
@@ -40,6 +40,8 @@ from . import harness
 # (label, make(target, draft model) -> drafter): one line per drafter
 DRAFTER_ROWS = [
     ("model (chain)", lambda t, d: make_drafter("model", t, draft_model=d)),
+    (f"model stop {MODEL_STOP:g}", lambda t, d: make_drafter(
+        "model", t, draft_model=d, stop=MODEL_STOP, draft_vocab=head_draft_vocab(t))),
     ("model-tree 2,2,1,1", lambda t, d: make_drafter("model-tree", t, draft_model=d)),
     ("model-tree 3,2,1,1", lambda t, d: make_drafter("model-tree", t, draft_model=d,
                                                      tree=(3, 2, 1, 1))),
