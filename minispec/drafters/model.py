@@ -47,7 +47,8 @@ class ModelDrafter(Drafter):
             model, draft_vocab, "model draft_vocab")
         self.cache = None  # the draft model's KV cache, made by start
         self._synced = 0  # context length at the last propose: the cache matched it up to here
-        self._fed: list[int] = []  # drafts fed to the cache after that (all but the last draft)
+        self._fed: list[int] = []  # drafts fed to the cache after that (all but the last one,
+        # or all of them when `stop` ended the chain before a draw)
 
     def start(self, prompt_ids, cache) -> None:
         """New generation: a fresh, empty cache of the draft model."""
