@@ -7,8 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from minispec.drafters import ModelDrafter
-from minispec.judge.selftest import MODEL, judge_drafter_on_model, tiny_models
+import numpy as np
+
+from minispec.drafters import Draft, Drafter, ModelDrafter, TreeModelDrafter
+from minispec.judge.selftest import (
+    MODEL,
+    TREE_BUG,
+    WrongTreeProposal,
+    judge_drafter_on_model,
+    tiny_models,
+)
 from minispec.loader import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +32,46 @@ def test_a_drafter_on_a_model_passes_and_the_controls_are_rejected(tmp_path):
     assert all(r.fit.pvalue > 1e-3 for r in rows), [r.fit for r in rows]
     assert {c.control for c in controls} == {"residual=p", "accept q/p"}
     assert all(c.fit.pvalue < 1e-6 for c in controls), [c.fit for c in controls]
+
+
+def test_a_tree_drafter_on_a_model_gets_a_tree_control_that_is_rejected(tmp_path):
+    # a tree's rounds cannot take a broken chain verify step: its control plants the wrong
+    # proposal in the draft instead (here sampled siblings, each given its parent's q)
+    models = tiny_models()
+    save_checkpoint(models["target"], tmp_path / "tiny")
+    rows, controls = judge_drafter_on_model(
+        lambda t, d: TreeModelDrafter(t, models["near"], (2, 2, 1)), "model-tree", 800, 0,
+        str(tmp_path / "tiny"))
+    assert all(r.fit.pvalue > 1e-3 for r in rows), [r.fit for r in rows]
+    assert [c.control for c in controls] == [TREE_BUG]
+    assert controls[0].fit.pvalue < 1e-6, controls[0].fit
+
+
+class _Fixed(Drafter):
+    """Proposes the same draft every round."""
+
+    def __init__(self, target, draft):
+        super().__init__(target)
+        self.draft = draft
+
+    def propose(self, context, gamma, warp, rng):
+        return self.draft
+
+
+def test_the_tree_control_plants_the_wrong_proposal_and_leaves_chains_alone():
+    target = tiny_models()["target"]
+    q = np.eye(16)[[3, 5, 7]]  # three distinct rows
+    tree = Draft(np.array([3, 5, 7]), q, np.array([-1, -1, 0]), "without-replacement")
+    out = WrongTreeProposal(_Fixed(target, tree)).propose([1], 3, None, None)
+    assert np.array_equal(out.q, q[[0, 1, 0]]) and out.siblings == "without-replacement"
+    top_k = Draft(tree.tokens, q, tree.parents, "deterministic")
+    out = WrongTreeProposal(_Fixed(target, top_k)).propose([1], 3, None, None)
+    assert out.siblings == "independent" and np.array_equal(out.q, q)
+    chain = Draft(np.array([3, 5]), q[:2])
+    spy = WrongTreeProposal(_Fixed(target, chain), plant=False)
+    assert spy.propose([1], 2, None, None) is chain and not spy.trees
+    spy.inner.draft = tree
+    assert spy.propose([1], 3, None, None) is tree and spy.trees
 
 
 def run(*args):

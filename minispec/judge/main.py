@@ -23,6 +23,7 @@ from .selftest import (
     BATCH_BUGS,
     MODEL,
     MODEL_PROMPT,
+    MODEL_TREE_BUGS,
     judge_drafter,
     judge_drafter_on_model,
     part2,
@@ -271,7 +272,8 @@ def judge_outside(args, kind: str, t0: float) -> int:
         n = args.samples or MODEL_SAMPLES
         note = (f"part D on {display(args.model)}: the law of the next {MODEL.L} tokens "
                 "enumerated with the model alone; controls: the same drafter and model with a "
-                "broken verify step")
+                "broken verify step (a chain drafter) or its trees verified against the wrong "
+                "proposal (a tree drafter)")
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"{kind} {spec}, {n} {unit} per configuration")
     try:
@@ -316,7 +318,8 @@ def report(rows: list[Row], controls: list[Row], notes: list[str], plot_path: st
         print(f"{part:<4} {bug:<15} {m:>5} {n:>8}  {where:<60} {fmt_p(p):>8}  "
               f"{'rejected' if rejected else 'NOT REJECTED'}")
     judged_bugs = {c.control for c in controls}
-    for bug, text in {**BUGS, **BATCH_BUGS, **PIPELINE_BUGS, **TREE_BUGS}.items():
+    for bug, text in {**BUGS, **BATCH_BUGS, **PIPELINE_BUGS, **TREE_BUGS,
+                      **MODEL_TREE_BUGS}.items():
         if bug in judged_bugs:
             print(f"  {bug}: {text}")
     for note in notes:

@@ -298,8 +298,9 @@ MODEL_PROMPT = "The capital of France is"
 def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir
                            ) -> tuple[list[Row], list[Row]]:
     """The drafter factory(target, None) on the model in model_dir: its output at MODEL's
-    setting and greedily against the exact law; as controls, the same drafter and model with a
-    broken verify step at the same sample size."""
+    setting and greedily against the exact law; as controls, at the same sample size, the same
+    drafter and model with a broken verify step (a chain drafter) or with its trees verified
+    against the wrong proposal (a tree drafter: WrongTreeProposal)."""
     target = load(model_dir, device="cpu")
     drafter = factory(target, None)
     if not isinstance(drafter, Drafter):
@@ -316,8 +317,55 @@ def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir
                               sample_e2e(target, drafter, prompt, cfg, m, seed, label),
                               name=name))
     law = exact_joint(target, prompt, MODEL)
-    controls = [joint_row("D", f"{MODEL.name}, {where}", law,
-                          sample_e2e(target, drafter, prompt, MODEL, n, seed, bug,
-                                     verify=broken_sampler(bug)), bug, name=name)
-                for bug in ("residual=p", "accept q/p")]
+    spy = WrongTreeProposal(drafter, plant=False)  # one generation: does it draft trees?
+    speculative_generate(target, spy, prompt, gamma=MODEL.gamma, max_new_tokens=MODEL.L,
+                         temperature=MODEL.temperature, top_k=MODEL.top_k, seed=seed)
+    if spy.trees:
+        controls = [joint_row("D", f"{MODEL.name}, {where}", law,
+                              sample_e2e(target, WrongTreeProposal(drafter), prompt, MODEL, n, seed,
+                                         TREE_BUG), TREE_BUG, name=name)]
+    else:
+        controls = [joint_row("D", f"{MODEL.name}, {where}", law,
+                              sample_e2e(target, drafter, prompt, MODEL, n, seed, bug,
+                                         verify=broken_sampler(bug)), bug, name=name)
+                    for bug in ("residual=p", "accept q/p")]
     return rows, controls
+
+
+TREE_BUG = "wrong proposal"  # a tree drafter's control on a model (judge --model)
+MODEL_TREE_BUGS = {TREE_BUG: "the tree verified against the wrong proposal: top-k candidates "
+                             "declared draws from q, sampled ones each given its parent's q row"}
+
+
+class WrongTreeProposal(Drafter):
+    """A drafter's trees verified against the wrong proposal, the control for a tree drafter on
+    a model: top-k candidates declared draws from q (the judge's part-T bug "top-k as sampled"),
+    sampled ones each given its parent's q row (an off-by-one gathering the rows). With
+    plant=False it only records whether any round drafted a tree (`trees`). Chains pass
+    through unchanged."""
+
+    def __init__(self, inner: Drafter, plant: bool = True) -> None:
+        super().__init__(inner.target)
+        self.inner, self.plant, self.trees = inner, plant, False
+        self.name = inner.name
+
+    def start(self, prompt_ids, cache):
+        self.inner.start(prompt_ids, cache)
+
+    def propose(self, context, gamma, warp, rng):
+        d = self.inner.propose(context, gamma, warp, rng)
+        if d.parents is None or len(d.tokens) == 0:
+            return d
+        self.trees = True
+        if not self.plant:
+            return d
+        if d.siblings == "deterministic":  # top-k candidates verified as if drawn from q
+            return Draft(d.tokens, d.q, d.parents, "independent")
+        q = np.array([d.q[p] if p >= 0 else d.q[i] for i, p in enumerate(d.parents)])
+        return Draft(d.tokens, q, d.parents, d.siblings)  # each node with its parent's q
+
+    def verify_forward(self, prefix, draft, cache):
+        return self.inner.verify_forward(prefix, draft, cache)
+
+    def accept(self, context, hidden):
+        self.inner.accept(context, hidden)
