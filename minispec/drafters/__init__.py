@@ -24,12 +24,12 @@ from ..shipped import SHIPPED
 from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
-from .files import find_head_dir
+from .files import find_head_dir, read_head_dir
 from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
-from .vocab import load_draft_vocab
+from .vocab import load_draft_vocab, read_draft_vocab
 
 DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
 SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
@@ -109,5 +109,5 @@ def head_draft_vocab(target):
         path = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
     except MinispecError:
         return None
-    st = SafetensorsFile(path / "model.safetensors")
-    return st.get_ints("draft_vocab") if "draft_vocab" in st else None
+    cfg, st_file = read_head_dir(path, "EAGLE head")
+    return read_draft_vocab(SafetensorsFile(st_file), cfg, path / "config.json")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import to_host
 from ..batched import batch_head, batch_hidden
 from ..errors import MinispecError
 from ..sampling import sample
+from ..sampling import warp as softmax  # at temperature 1: the plain softmax
 from .base import Draft, Drafter, check_vocabularies
 from .vocab import DraftHead
 
@@ -88,9 +88,7 @@ class ModelDrafter(Drafter):
                 drafters[b].calls += 1
                 fed[b] = i  # drafts 0..i-1 are in the cache now
                 if self.stop is not None:  # see `stop` in the class docstring
-                    own = to_host(row[0]).astype(np.float64)
-                    own = np.exp(own - own.max())
-                    own /= own.sum()  # the draft's own (unwarped) distribution
+                    own = softmax(row[0], 1.0)  # the draft's own (unwarped) distribution
                     if sure[b] * own.max() < self.stop:
                         todo[b] = i  # token i would not be kept often enough: end here
                         continue
