@@ -18,6 +18,7 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import MinispecError
+from ..safetensors import SafetensorsFile
 from .base import sampled_vocab_size
 
 
@@ -75,8 +76,6 @@ def load_draft_vocab(path) -> np.ndarray:
     """The "draft_vocab" token ids of a safetensors file: what train_heads.py writes into a
     head's model.safetensors (e.g. weights/smollm2/eagle/model.safetensors), usable by any
     drafter of the same target (`make_drafter("model", ..., draft_vocab=...)`)."""
-    from ..safetensors import SafetensorsFile
-
     st = SafetensorsFile(path)  # a clear error for a missing or malformed file
     if "draft_vocab" not in st:
         raise MinispecError(f"{path}: no 'draft_vocab' tensor (a head trained with "
