@@ -61,6 +61,7 @@ class Settings:
     dynamic: tuple[int, int] | None = None  # EAGLE-2's (beam, nodes)
     stop: float | None = None  # eagle, model: a chain ends where its confidence falls below it
     draft_vocab: str | None = None  # model: a safetensors file whose draft_vocab ids it proposes
+    copy: int | None = None  # eagle: copy from the context once a draft agrees with a lookup
 
 
 def shipped_pair() -> tuple[Path, Path]:
@@ -117,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "of being kept (an EAGLE head's measured acceptance, else the drafter's own "
                     "probabilities) falls below P (a dynamic draft length; 0.15 in the eagle-stop "
                     "preset)")
+    ap.add_argument("--copy", type=int, default=None, metavar="N",
+                    help="eagle (chain): once a drafted token is the one a prompt lookup of the "
+                    "context's last N or more tokens proposes, copy the rest of the chain from "
+                    "the context (2 in the eagle-copy preset)")
     ap.add_argument("--draft-vocab", default=None, metavar="FILE",
                     help="model: propose only the token ids of FILE's draft_vocab tensor (a head's "
                     "model.safetensors, e.g. weights/smollm2/eagle/model.safetensors), computing "
@@ -184,13 +189,18 @@ class Session:
             drafter=args.drafter, exit_layer=args.exit_layer,
             tree=None if args.tree is None else check_shape(args.tree, "--tree"),
             dynamic=None if args.dynamic is None else parse_dynamic(args.dynamic),
-            stop=args.stop, draft_vocab=args.draft_vocab,
+            stop=args.stop, draft_vocab=args.draft_vocab, copy=args.copy,
         )
         if args.stop is not None and (args.drafter not in ("eagle", "model")
                                       or args.tree is not None or not 0 <= args.stop < 1):
             raise MinispecError(f"--stop: a probability in [0, 1) for the eagle or model "
                                 f"drafter's chain (no --tree), got {args.stop} with --drafter "
                                 f"{args.drafter}{' --tree' if args.tree is not None else ''}")
+        if args.copy is not None and (args.drafter != "eagle" or args.tree is not None
+                                      or args.copy < 1):
+            raise MinispecError(f"--copy: an integer >= 1 for the eagle drafter's chain (no "
+                                f"--tree), got {args.copy} with --drafter {args.drafter}"
+                                f"{' --tree' if args.tree is not None else ''}")
         if args.draft_vocab is not None and args.drafter != "model":
             raise MinispecError(f"--draft-vocab: for the model drafter (--drafter model), got "
                                 f"--drafter {args.drafter}")
@@ -272,7 +282,8 @@ class Session:
         return self.make_drafter(s.drafter, self.target, draft_model=self.draft_model,
                                  exit_layer=s.exit_layer, tree=s.tree, dynamic=s.dynamic,
                                  stop=s.stop if s.drafter in ("eagle", "model") else None,
-                                 draft_vocab=self.draft_vocab if s.drafter == "model" else None)
+                                 draft_vocab=self.draft_vocab if s.drafter == "model" else None,
+                                 copy=s.copy if s.drafter == "eagle" else None)
 
     def generate(self, ids: list[int], speculative: bool, on_round=None, verify=None):
         from .drafters import NoDrafter
@@ -510,7 +521,8 @@ def describe_settings(s: Settings) -> str:
         + (f" (stop {s.stop:g})" if s.stop is not None and s.drafter in ("eagle", "model")
            else "")
         + (f" (draft vocabulary {s.draft_vocab})" if s.draft_vocab and s.drafter == "model"
-           else ""),
+           else "")
+        + (f" (copy {s.copy})" if s.copy is not None and s.drafter == "eagle" else ""),
         f"  gamma        {s.gamma}",
         f"  temperature  {sp.temperature:g}   top_k {sp.top_k}   top_p {sp.top_p:g}",
         f"  length       {s.max_new_tokens}",

@@ -42,7 +42,7 @@ SOURCE_FILE = "minispec-source.json"  # written last into a conversion: the mark
 COMMANDS = ("demo", "bench", "drafters", "judge")
 DRAFTERS = "ngram,early-exit"  # the drafters that need no draft model and no trained heads
 # with the heads of this target (the drafters table names rows by first word)
-HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2,eagle-stop",
+HEADS = {"bench": "medusa,medusa-tree,eagle,eagle-tree,eagle-2,eagle-stop,eagle-copy",
          "drafters": "medusa,eagle,eagle-2"}
 
 # ChatML, SmolLM2-Instruct's chat format (its tokenizer_config.json's chat_template, less the

@@ -40,6 +40,8 @@ SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
                  "eagle": (SHIPPED_EAGLE, SHIPPED / "smollm2" / "eagle")}
 
 EAGLE_STOP = 0.15  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
+EAGLE_COPY = 2  # the "eagle-copy" preset: eagle-stop that copies once a draft agrees with a
+# prompt lookup of at least 2 tokens
 MODEL_STOP = 0.2  # the drafters table's "model stop" row: a draft model's chain of dynamic length
 # the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
 # `judge --drafter NAME` use: name -> (make_drafter's name, its options)
@@ -47,10 +49,11 @@ PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
            "medusa": ("medusa", {}), "medusa-tree": ("medusa", {"tree": (2, 2, 1, 1)}),
            "eagle": ("eagle", {}), "eagle-tree": ("eagle", {"tree": (2, 2, 1, 1)}),
            "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)}),
-           "eagle-stop": ("eagle", {"stop": EAGLE_STOP})}
+           "eagle-stop": ("eagle", {"stop": EAGLE_STOP}),
+           "eagle-copy": ("eagle", {"stop": EAGLE_STOP, "copy": EAGLE_COPY})}
 
 __all__ = [
-    "DRAFTERS", "Draft", "Drafter", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
+    "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
     "MODEL_STOP", "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS",
     "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
     "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa", "make_drafter",
@@ -60,7 +63,8 @@ __all__ = [
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
                  tree=None, medusa_dir=None, dynamic=None, eagle_dir=None,
-                 stop: float | None = None, draft_vocab=None) -> Drafter:
+                 stop: float | None = None, draft_vocab=None, copy: int | None = None
+                 ) -> Drafter:
     """The drafter called `name` (one of DRAFTERS) for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary) and takes stop (a chain
@@ -73,7 +77,8 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     weights/smollm2/medusa for SmolLM2-135M-Instruct) and takes tree (default (1, 1, 1, 1));
     "eagle" loads a head from eagle_dir (default: the shipped head for this target, likewise)
     and drafts a chain (ended early where the head's confidence falls below stop, given
-    stop), or a tree given tree, grown dynamically given dynamic=(beam, nodes).
+    stop; copied from the context once a draft agrees with a prompt lookup of at least copy
+    tokens, given copy), or a tree given tree, grown dynamically given dynamic=(beam, nodes).
     Options a drafter does not use are ignored.
     """
     if name == "model":
@@ -93,7 +98,7 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     if name == "eagle":
         if eagle_dir is None:
             eagle_dir = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
-        return load_eagle(eagle_dir, target, tree, dynamic, stop)
+        return load_eagle(eagle_dir, target, tree, dynamic, stop, copy)
     if name == "ngram":
         return NgramDrafter(target)
     if name == "early-exit":

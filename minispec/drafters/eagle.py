@@ -46,6 +46,7 @@ model.layers.0.* (Hugging Face names).
 
 from __future__ import annotations
 
+from numbers import Integral
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ from ..sampling import sample
 from ..tree import tree_layers
 from .base import Draft, Drafter
 from .files import read_head_dir
+from .ngram import copy_from, find_ngram, one_hot
 from .tree_model import check_shape, children, sibling_mode
 from .vocab import DraftHead, read_draft_vocab
 
@@ -83,6 +85,14 @@ class EagleDrafter(Drafter):
     to be drawn, so every drafted token is still a plain draw from its q and verification stays
     exact (choosing after the draw would bias the drafts toward tokens the head likes).
 
+    copy: prompt lookup inside the chain. Once a drafted token is the one a lookup of the
+    context's last n >= `copy` tokens (and the drafts before it) proposes, the rest of the chain
+    is copied from what followed that earlier occurrence, with one-hot q: the head's agreement
+    says the text is repeating itself, and copied tokens cost no draft step. Whether to copy is
+    decided by tokens already drawn, so each draft is still a plain draw from its q row (the
+    head's for the drawn token, one-hot for a copied one) and verification stays exact. A copied
+    stretch is not cut by `stop`.
+
     acceptance: how often the head's drafts were kept, measured (weights/train_heads.py):
     {"edges": [K] upper edges of confidence bins (the head's top probability), "greedy" and
     "sampled": [steps, K] rates per chain step and bin}, greedy for temperature 0 (the argmax
@@ -97,7 +107,8 @@ class EagleDrafter(Drafter):
     name = "eagle"
 
     def __init__(self, target, layer: Model, fc_w, fc_b, shape=None, dynamic=None,
-                 draft_vocab=None, stop: float | None = None, acceptance=None) -> None:
+                 draft_vocab=None, stop: float | None = None, acceptance=None,
+                 copy: int | None = None) -> None:
         super().__init__(target)
         D = target.config.hidden_size
         if layer.config.hidden_size != D or np.shape(fc_w) != (2 * D, D) or \
@@ -130,6 +141,12 @@ class EagleDrafter(Drafter):
                                 f"chain (no tree), got {stop!r:.40}"
                                 f"{' with a tree' if shape is not None else ''}")
         self.stop = None if stop is None else float(stop)
+        if copy is not None and (isinstance(copy, bool) or not isinstance(copy, Integral)
+                                 or copy < 1 or shape is not None):
+            raise MinispecError(f"eagle: copy must be an integer >= 1 (the shortest n-gram "
+                                f"looked up) and is for a chain (no tree), got {copy!r:.40}"
+                                f"{' with a tree' if shape is not None else ''}")
+        self.copy = None if copy is None else int(copy)
         self.acceptance = acceptance
         self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
@@ -198,6 +215,11 @@ class EagleDrafter(Drafter):
                     break
             q.append(q_i)
             tokens.append(sample(q_i, rng))
+            copied = self.copy_after(context, tokens, gamma) if self.copy is not None else []
+            if copied:  # the rest of the chain is copied from the context: see `copy`
+                tokens += copied
+                q += list(one_hot(copied, self.vocab_size))
+                break
             if self.stop is not None:
                 sure *= chance if self.acceptance is not None else float(own[tokens[-1]])
                 if sure < self.stop:  # no next token can pass (each chance is <= 1):
@@ -210,6 +232,17 @@ class EagleDrafter(Drafter):
         if not tokens:  # stopped before the first token
             return self.empty_draft()
         return Draft(np.array(tokens, dtype=np.int64), np.array(q))
+
+    def copy_after(self, context, tokens, gamma) -> list[int]:
+        """`copy`: the tokens that followed the draft just drawn (tokens[-1]) where a prompt
+        lookup over the context and the drafts before it would have proposed it, up to gamma
+        drafts in all; [] where no lookup of at least `copy` tokens proposes it."""
+        ctx = np.asarray(list(context) + tokens[:-1], dtype=np.int64)  # what it was drawn after
+        start = find_ngram(ctx, max(3, self.copy), self.copy)
+        if start < 0 or ctx[start] != tokens[-1]:
+            return []
+        return copy_from(np.append(ctx, tokens[-1]), start + 1, gamma - len(tokens),
+                         self.vocab_size)
 
     def chance(self, confidence: float, step: int, q_row) -> float:
         """The estimated chance that a draft at chain step `step` (0-based) is kept, given the
@@ -356,7 +389,7 @@ def _layer_config(target, cfg: dict, source: str) -> ModelConfig:
                        tie_word_embeddings=True)
 
 
-def load_eagle(path, target, shape=None, dynamic=None, stop=None) -> EagleDrafter:
+def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> EagleDrafter:
     """An EAGLE head from a directory (config.json + model.safetensors) for `target`."""
     path = Path(path)
     cfg, st_file = read_head_dir(path, "an EAGLE head")
@@ -389,7 +422,7 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None) -> EagleDrafte
                   name=f"eagle:{path.name}")
     return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
                         read_draft_vocab(st, cfg, cfg_file), stop,
-                        read_acceptance(cfg, cfg_file))
+                        read_acceptance(cfg, cfg_file), copy)
 
 
 def read_acceptance(cfg: dict, source) -> dict | None:
@@ -437,7 +470,7 @@ def read_acceptance(cfg: dict, source) -> dict | None:
 
 
 def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
-                 dynamic=None, stop=None) -> EagleDrafter:
+                 dynamic=None, stop=None, copy=None) -> EagleDrafter:
     """An untrained EAGLE head (for tests): every code path runs; acceptance is by chance."""
     c = target.config
     config = ModelConfig(family="llama", vocab_size=c.vocab_size, hidden_size=c.hidden_size,
@@ -449,4 +482,4 @@ def random_eagle(target, *, seed: int = 0, scale: float = 0.3, shape=None,
     rng = np.random.default_rng(seed)
     D = c.hidden_size
     return EagleDrafter(target, layer, rng.normal(0, scale / np.sqrt(D), (2 * D, D)),
-                        rng.normal(0, scale, D), shape, dynamic, stop=stop)
+                        rng.normal(0, scale, D), shape, dynamic, stop=stop, copy=copy)

@@ -36,26 +36,40 @@ class NgramDrafter(Drafter):
         (0 tokens without a match); q one-hot. warp and rng are not needed."""
         ctx = np.asarray(context, dtype=np.int64)
         start = find_ngram(ctx, self.max_n) if gamma > 0 else -1
-        drafts: list[int] = []
-        for j in range(start, start + gamma) if start >= 0 else ():
-            x = int(ctx[j]) if j < len(ctx) else drafts[j - len(ctx)]  # copy past the end
-            if x >= self.vocab_size:  # a prompt id outside the sampled vocabulary: stop there
-                break
-            drafts.append(x)
-        q = np.zeros((len(drafts), self.vocab_size))  # [g, V]
-        q[np.arange(len(drafts)), drafts] = 1.0
-        return Draft(np.array(drafts, dtype=np.int64), q)
+        drafts = copy_from(ctx, start, gamma, self.vocab_size) if start >= 0 else []
+        return Draft(np.array(drafts, dtype=np.int64), one_hot(drafts, self.vocab_size))
 
 
-def find_ngram(context: np.ndarray, max_n: int) -> int:
+def copy_from(context: np.ndarray, start: int, count: int, vocab_size: int) -> list[int]:
+    """Up to `count` tokens copied from context[start:], running on into the copied tokens past
+    the end (an LZ77 copy); stopped early at an id outside the sampled vocabulary (a prompt may
+    hold one)."""
+    drafts: list[int] = []
+    for j in range(start, start + count):
+        x = int(context[j]) if j < len(context) else drafts[j - len(context)]
+        if x >= vocab_size:
+            break
+        drafts.append(x)
+    return drafts
+
+
+def one_hot(tokens: list[int], vocab_size: int) -> np.ndarray:
+    """q of tokens that are a function of the context: row i puts all its mass on tokens[i]."""
+    q = np.zeros((len(tokens), vocab_size))  # [g, V]
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return q
+
+
+def find_ngram(context: np.ndarray, max_n: int, min_n: int = 1) -> int:
     """Where to copy from: the index just past the most recent earlier occurrence of the last n
-    tokens of `context` (int array [S]), for the largest n <= max_n that has one; -1 if none.
+    tokens of `context` (int array [S]), for the largest n in min_n..max_n that has one; -1 if
+    none.
 
     "Earlier" means ending before the last token (the suffix itself does not count); occurrences
     may overlap it (in `x x x` the suffix `x x` also occurs at 0, so the answer is 2).
     """
     s = len(context)
-    for n in range(min(max_n, s - 1), 0, -1):
+    for n in range(min(max_n, s - 1), max(min_n, 1) - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [S-n, n]
         hits = np.flatnonzero((windows == context[-n:]).all(axis=1))  # starts of the matches
         if hits.size:

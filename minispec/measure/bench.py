@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
-from ..drafters import EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
+from ..drafters import EAGLE_COPY, EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
 from ..errors import MinispecError
 from ..sampling import Sampling
 from ..shipped import display, path_arg
@@ -88,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --draft none: minispec's drafters to run, some of "
                     f"{', '.join(SELF_DRAFTERS)} (-tree: 2,2,1,1; eagle-2: dynamic tree "
                     "4,3,2,2, beam 3, 12 nodes; eagle-stop: a chain of dynamic length, --stop "
-                    f"{EAGLE_STOP:g}); medusa and eagle take the heads trained for "
+                    f"{EAGLE_STOP:g}; eagle-copy: eagle-stop that copies from the context "
+                    f"once a draft agrees with a lookup of {EAGLE_COPY}+ tokens, --copy "
+                    f"{EAGLE_COPY}); medusa and eagle take the heads trained for "
                     "the target")
     ap.add_argument("--assistant", type=path_arg, default=None, metavar="DIR",
                     help="with --draft none: also a draft model that both minispec (its chain, "

@@ -28,7 +28,14 @@ import time
 import numpy as np
 
 from ..backend import blas_threads
-from ..drafters import EAGLE_STOP, MODEL_STOP, NoDrafter, head_draft_vocab, make_drafter
+from ..drafters import (
+    EAGLE_COPY,
+    EAGLE_STOP,
+    MODEL_STOP,
+    NoDrafter,
+    head_draft_vocab,
+    make_drafter,
+)
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
 from ..sampling import Sampling
@@ -53,6 +60,8 @@ DRAFTER_ROWS = [
     ("medusa 3,3,1,1", lambda t, d: make_drafter("medusa", t, tree=(3, 3, 1, 1))),
     ("eagle (chain)", lambda t, d: make_drafter("eagle", t)),
     (f"eagle stop {EAGLE_STOP:g}", lambda t, d: make_drafter("eagle", t, stop=EAGLE_STOP)),
+    (f"eagle stop+copy {EAGLE_COPY}", lambda t, d: make_drafter("eagle", t, stop=EAGLE_STOP,
+                                                                copy=EAGLE_COPY)),
     ("eagle 2,2,1,1", lambda t, d: make_drafter("eagle", t, tree=(2, 2, 1, 1))),
     ("eagle-2 4,3,2,2 b3 n12", lambda t, d: make_drafter("eagle", t, tree=(4, 3, 2, 2),
                                                           dynamic=(3, 12))),
