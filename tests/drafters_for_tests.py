@@ -45,3 +45,18 @@ def exact(target, draft):
 
 def greedy(target, draft):
     return LookupTree(target, draft, greedy=True)
+
+
+class Wrapping(minispec.Drafter):
+    """A drafter that passes another's drafts on, altered: a planted bug's shell. `inner` keeps
+    its own state; a subclass overrides propose."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.target)
+
+    def start(self, prompt_ids, cache):
+        self.inner.start(prompt_ids, cache)
+
+    def accept(self, context, hidden):
+        self.inner.accept(context, hidden)

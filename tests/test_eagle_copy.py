@@ -7,6 +7,7 @@ tokens reported with the head's q; bad values are named."""
 import numpy as np
 import pytest
 from conftest import tiny_config
+from drafters_for_tests import Wrapping
 from stats_helpers import sample_joint
 
 import minispec
@@ -112,21 +113,14 @@ def test_greedy_decoding_with_copies_is_the_targets():
 ABC, PROMPT = [16, 41, 1], [1, 1, 16, 41, 41, 41, 1, 41]
 
 
-class CopiesWithTheHeadsQ(minispec.Drafter):
+class CopiesWithTheHeadsQ(Wrapping):
     """A planted bug, the control: the same drafts, but each copied token reported with the
     head's q row (what it would have been drawn from) instead of one-hot."""
 
     name = "copy-with-head-q"
 
     def __init__(self):
-        self.inner = _narrow_head(random_eagle(TARGET, seed=2, copy=1), ABC)
-        super().__init__(TARGET)
-
-    def start(self, prompt_ids, cache):
-        self.inner.start(prompt_ids, cache)
-
-    def accept(self, context, hidden):
-        self.inner.accept(context, hidden)
+        super().__init__(_narrow_head(random_eagle(TARGET, seed=2, copy=1), ABC))
 
     def propose(self, context, gamma, warp, rng):
         d = self.inner.propose(context, gamma, warp, rng)

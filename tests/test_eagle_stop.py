@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import tiny_config
+from drafters_for_tests import Wrapping
 from stats_helpers import sample_joint
 
 import minispec
@@ -54,7 +55,7 @@ def test_a_higher_threshold_drafts_fewer_tokens_and_zero_drafts_as_without_it():
     assert drafted(0.0) == drafted(None)
 
 
-class DecidedAfterTheDraw(minispec.Drafter):
+class DecidedAfterTheDraw(Wrapping):
     """A planted bug, the control: draft the whole chain, then cut it at the first token the
     head gave less than `stop` of its probability. The cut reads the token drawn, so a kept draft
     is no longer a plain draw from its q."""
@@ -62,14 +63,8 @@ class DecidedAfterTheDraw(minispec.Drafter):
     name = "stop-after-draw"
 
     def __init__(self, stop):
-        self.inner, self.stop = random_eagle(TARGET, seed=2, scale=0.1), stop
-        super().__init__(TARGET)
-
-    def start(self, prompt_ids, cache):
-        self.inner.start(prompt_ids, cache)
-
-    def accept(self, context, hidden):
-        self.inner.accept(context, hidden)
+        super().__init__(random_eagle(TARGET, seed=2, scale=0.1))
+        self.stop = stop
 
     def propose(self, context, gamma, warp, rng):
         d = self.inner.propose(context, gamma, warp, rng)
