@@ -161,8 +161,9 @@ def prompts_file(folder: Path) -> Path:
 
 
 def demo(target: Path, argv: list[str], run) -> int:
-    """The main command's generation (minispec --prompt ...) on `target`, with the ngram
-    drafter unless --drafter says otherwise; --chat wraps the --prompt text as a user turn of the
+    """The main command's generation (minispec --prompt ...) on `target`, with its fastest
+    drafter unless the drafter flags say otherwise: eagle-copy where minispec ships heads for
+    the target, else the ngram drafter; --chat wraps the --prompt text as a user turn of the
     chat format. run: the main command line (cli.main, which hands itself in: real.py does not
     import cli, so that neither module imports the other)."""
     ap = argparse.ArgumentParser(prog="minispec real demo", add_help=False)
@@ -174,7 +175,24 @@ def demo(target: Path, argv: list[str], run) -> int:
                             "as typed)")
     prompt = [] if known.prompt is None else [
         "--prompt", CHAT.format(known.prompt) if known.chat else known.prompt]
-    return run(["--target", str(target), "--drafter", "ngram", *rest, *prompt])
+    return run(["--target", str(target), *demo_drafter(target, rest), *rest, *prompt])
+
+
+DRAFTER_FLAGS = ("--drafter", "--tree", "--dynamic", "--stop", "--copy", "--draft-vocab",
+                 "--exit-layer")
+
+
+def demo_drafter(target: Path, argv: list[str]) -> list[str]:
+    """The demo's default drafter flags: the eagle-copy preset (EAGLE's chain ended by its
+    measured confidence, copying from the context where the head agrees with a lookup) where
+    the shipped heads fit `target` and argv sets no drafter flag, else the ngram drafter (a
+    --drafter in argv, coming later, wins)."""
+    from .drafters import PRESETS
+
+    if has_heads(target) and not any(a.split("=")[0] in DRAFTER_FLAGS for a in argv):
+        name, options = PRESETS["eagle-copy"]
+        return ["--drafter", name, "--stop", str(options["stop"]), "--copy", str(options["copy"])]
+    return ["--drafter", "ngram"]
 
 
 def main(argv: list[str] | None = None, demo_run=None) -> int:

@@ -16,7 +16,17 @@ import minispec
 from minispec.cli import main as cli_main
 from minispec.drafters import SHIPPED_HEADS, make_drafter
 from minispec.errors import MinispecError
-from minispec.real import CHAT, HEADS, INSTALL, SOURCE_FILE, converted, has_heads, main, model_dir
+from minispec.real import (
+    CHAT,
+    HEADS,
+    INSTALL,
+    SOURCE_FILE,
+    converted,
+    demo_drafter,
+    has_heads,
+    main,
+    model_dir,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +110,26 @@ def test_demo_answers_a_chat_prompt_from_the_cache_as_it_is(smollm2_dir, capsys)
     out, err = capsys.readouterr()
     assert "converting" not in err
     assert "<|im_start|>assistant\nThe capital of France is Paris" in out
-    assert "speculative (ngram drafter)" in out
+    # the demo's drafter: eagle-copy where the heads trained for SmolLM2 ship, else ngram
+    assert ("speculative (eagle drafter" if has_heads(smollm2_dir) else
+            "speculative (ngram drafter)") in out
+
+
+def test_the_demo_drafts_with_eagle_copy_where_heads_fit_unless_a_drafter_flag_is_given(
+        smollm2_dir, tmp_path):
+    from conftest import tiny_config
+
+    from minispec.loader import random_model, save_checkpoint
+
+    ngram = ["--drafter", "ngram"]
+    if has_heads(smollm2_dir):
+        assert demo_drafter(smollm2_dir, ["--max-new-tokens", "8"]) == [
+            "--drafter", "eagle", "--stop", "0.15", "--copy", "2"]
+    for flags in (["--drafter", "medusa"], ["--stop=0.3"], ["--tree", "2,1"],
+                  ["--exit-layer", "7"]):
+        assert demo_drafter(smollm2_dir, flags) == ngram  # the user's flags decide
+    save_checkpoint(random_model(tiny_config()), tmp_path / "tiny")
+    assert demo_drafter(tmp_path / "tiny", []) == ngram  # no shipped heads fit this model
 
 
 def test_bench_runs_on_smollm2_greedy_identical(smollm2_dir, capsys):
