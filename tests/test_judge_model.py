@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from minispec.drafters import Draft, Drafter, ModelDrafter, TreeModelDrafter
+from minispec.errors import MinispecError
 from minispec.judge.selftest import (
     MODEL,
     TREE_BUG,
@@ -17,7 +19,7 @@ from minispec.judge.selftest import (
     judge_drafter_on_model,
     tiny_models,
 )
-from minispec.loader import save_checkpoint
+from minispec.loader import load, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,6 +87,32 @@ def test_the_judge_names_what_it_cannot_do_with_a_model():
     assert r.returncode == 2 and "--model: goes with --drafter" in r.stderr
     r = run("--drafter", "medusa")  # the tiny random target has no trained heads
     assert r.returncode != 0 and "no Medusa heads trained for this target" in r.stderr
+
+
+class _Spy(ModelDrafter):
+    """Records the prompt of every generation it drafts for."""
+
+    prompts: list = []
+
+    def start(self, prompt_ids, cache):
+        self.prompts.append(list(prompt_ids))
+        super().start(prompt_ids, cache)
+
+
+def test_the_prompt_judged_on_a_model_is_the_one_given(tmp_path):
+    from minispec.shipped import SHIPPED
+
+    target_dir = SHIPPED / "target"  # a model with a tokenizer
+    spy = lambda t, d: _Spy(t, load(SHIPPED / "draft", device="cpu"))  # noqa: E731
+    text = "def add(a, b):\n    return a + b\n"
+    rows, _ = judge_drafter_on_model(spy, "spy", 20, 0, target_dir, text)
+    assert {tuple(p) for p in _Spy.prompts} == {tuple(load(target_dir).tokenizer.encode(text))}
+    assert len(rows) == 2
+    save_checkpoint(tiny_models()["target"], tmp_path / "tiny")  # no tokenizer.json
+    with pytest.raises(MinispecError, match="--prompt: .* has no tokenizer.json"):
+        judge_drafter_on_model(near_model, "model", 20, 0, str(tmp_path / "tiny"), text)
+    r = run("--drafter", "ngram", "--prompt", "x")
+    assert r.returncode == 2 and "--prompt: goes with --drafter NAME --model DIR" in r.stderr
 
 
 def test_minispec_real_judge_runs_the_judge_on_its_model(tmp_path, capsys):

@@ -182,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", metavar="DIR", type=path_arg, default=None,
                     help="with --drafter: judge it on this model instead (a Hugging Face "
                     f"directory; draft is None), at T={MODEL.temperature:g} top-k {MODEL.top_k} "
-                    f"over the next {MODEL.L} tokens of {MODEL_PROMPT!r}, and greedily; e.g. a "
-                    "trained head on the target it was "
-                    "trained for")
+                    f"over the next {MODEL.L} tokens of --prompt, and greedily; e.g. a "
+                    "trained head on the target it was trained for")
+    ap.add_argument("--prompt", metavar="TEXT", default=MODEL_PROMPT,
+                    help="with --model: the text whose continuation is judged (default: "
+                    "%(default)r); choose one where the drafter's own paths run, e.g. text that "
+                    "repeats itself for a drafter that copies")
     ap.add_argument("--quick", action="store_true",
                     help="the CI subset: fewer configurations and samples (minutes, not tens)")
     ap.add_argument("--plot", metavar="PNG", help="also draw empirical against exact histograms "
@@ -199,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.model is not None and not args.drafter:
         ap.error("--model: goes with --drafter (the drafter to judge on that model)")
+    if args.prompt != MODEL_PROMPT and args.model is None:
+        ap.error("--prompt: goes with --drafter NAME --model DIR (the tiny models' prompts are "
+                 "fixed)")
+    if not args.prompt:
+        ap.error("--prompt: expected some text, got an empty string")
     t0 = time.perf_counter()
     for kind in OUTSIDE:
         if getattr(args, kind):
@@ -270,15 +278,16 @@ def judge_outside(args, kind: str, t0: float) -> int:
     n = args.samples or (sizes[0] if args.quick else sizes[1])
     if kind == "drafter" and args.model is not None:
         n = args.samples or MODEL_SAMPLES
-        note = (f"part D on {display(args.model)}: the law of the next {MODEL.L} tokens "
-                "enumerated with the model alone; controls: the same drafter and model with a "
-                "broken verify step (a chain drafter) or its trees verified against the wrong "
-                "proposal (a tree drafter)")
+        note = (f"part D on {display(args.model)}: the law of the next {MODEL.L} tokens of "
+                f"{args.prompt!r:.80} enumerated with the model alone; controls: the same "
+                "drafter and model with a broken verify step (a chain drafter) or its trees "
+                "verified against the wrong proposal (a tree drafter)")
     print(f"verify_distribution: {'quick' if args.quick else 'full'} run, seed {args.seed}, "
           f"{kind} {spec}, {n} {unit} per configuration")
     try:
         if kind == "drafter" and args.model is not None:
-            rows, controls = judge_drafter_on_model(factory, spec, n, args.seed, args.model)
+            rows, controls = judge_drafter_on_model(factory, spec, n, args.seed, args.model,
+                                                    args.prompt)
         else:
             rows, controls = judge(factory, spec, args.quick, n, args.seed)
     except MinispecError as e:

@@ -31,6 +31,7 @@ from ..drafters import (
     random_eagle,
     random_medusa,
 )
+from ..errors import MinispecError
 from ..loader import load, random_model
 from ..sampling import sample, warp
 from ..speculative import speculative_generate
@@ -295,19 +296,22 @@ MODEL = E2E(1.5, top_k=3, gamma=3, L=4)
 MODEL_PROMPT = "The capital of France is"
 
 
-def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir
-                           ) -> tuple[list[Row], list[Row]]:
-    """The drafter factory(target, None) on the model in model_dir: its output at MODEL's
-    setting and greedily against the exact law; as controls, at the same sample size, the same
-    drafter and model with a broken verify step (a chain drafter) or with its trees verified
-    against the wrong proposal (a tree drafter: WrongTreeProposal)."""
+def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir,
+                           text: str = MODEL_PROMPT) -> tuple[list[Row], list[Row]]:
+    """The drafter factory(target, None) on the model in model_dir, continuing `text`: its
+    output at MODEL's setting and greedily against the exact law; as controls, at the same
+    sample size, the same drafter and model with a broken verify step (a chain drafter) or with
+    its trees verified against the wrong proposal (a tree drafter: WrongTreeProposal)."""
     target = load(model_dir, device="cpu")
     drafter = factory(target, None)
     if not isinstance(drafter, Drafter):
         raise SystemExit(f"--drafter {label}: the factory returned {type(drafter).__name__}, "
                          "not a minispec.Drafter made for the target it was given")
     tok = target.tokenizer
-    prompt = tok.encode(MODEL_PROMPT) if tok else [1, 2, 3]
+    if tok is None and text != MODEL_PROMPT:
+        raise MinispecError(f"--prompt: {model_dir} has no tokenizer.json to encode "
+                            f"{text!r:.40} with")
+    prompt = tok.encode(text) if tok else [1, 2, 3]
     name = (lambda t: repr(tok.decode([t]))) if tok else str
     where = f"{drafter.name} on {os.path.basename(os.path.normpath(model_dir))}"
     rows = []
