@@ -168,12 +168,12 @@ def _compiled() -> bool:
     return bool(_kernels)
 
 
-# The kernels are plain Python, compiled by numba (fastmath lets LLVM keep 8 partial sums per
-# dot product in one AVX register). Kept apart from matmul so a reader can skip them. Each has
-# 8 accumulators in its inner loop, so LLVM vectorizes each dot product the same way (8 lanes,
-# not unrolled further) and a row's result is the same bits in all three: 1 row, 2..32 rows or
-# the tails (tests/test_backend.py checks it on the models' shapes). A loop with fewer
-# accumulators gets unrolled into 16 or 32 partial sums and rounds differently.
+# The kernels are plain Python, compiled by numba (fastmath lets LLVM keep several partial sums
+# per dot product in vector registers). Kept apart from matmul so a reader can skip them. Each
+# has 8 accumulators in its inner loop, so LLVM vectorizes each dot product the same way (on an
+# AMD EPYC with AVX-512: 2 registers of 16 lanes each) and a row's result is the same bits in
+# all three: 1 row, 2..32 rows or the tails (tests/test_backend.py checks it on the models'
+# shapes). A loop with other accumulators can be unrolled differently and round differently.
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
