@@ -283,7 +283,7 @@ def _prefetch_intrinsic(numba):
     """A numba function `_prefetch(a, i, j)`: ask the CPU to start loading the cache line that
     holds a[i, j] into its L2 cache (LLVM's llvm.prefetch, locality 2: x86's prefetcht1), without
     waiting for it. Into L2, not L1: the rows kernel asks for a whole block of weight rows ahead,
-    more lines than the L1 cache can have in flight; prefetched into L1 (prefetcht0), a
+    likely more lines than the L1 cache can have in flight; prefetched into L1 (prefetcht0), a
     5-row product over SmolLM2's LM head took 1.7x the one-row product instead of 1.1-1.2x (an
     AMD EPYC with AVX-512; one-row products were as fast either way)."""
     from llvmlite import ir
