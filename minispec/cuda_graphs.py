@@ -3,19 +3,22 @@
 Skippable: the teaching path is model.py, and this file computes the same function. On a GPU a
 decode step of a 1B model is ~900 small kernels (RMSNorm alone is nine: a cast, a square, a sum,
 ...), and CuPy spends microseconds of Python on each launch: the launches, not the weight reads,
-set the speed (measured on an H200: 18 ms a step, 3% of the memory floor). Two remedies, both
-here:
+set the speed (measured on an H200: 18-30 ms a step, 2-3% of the memory floor). Two remedies,
+both here:
 
   1. fewer kernels: each weight product, RMSNorm, RoPE with the cache write, attention over the
      cache, and SiLU(gate) * up are one kernel each (eight per layer);
-  2. one launch: the step is captured once as a CUDA graph and replayed (1.46 ms, 39%).
+  2. one launch: the step is captured once as a CUDA graph and replayed (1.5-1.6 ms, 36-39%).
 
 CuPy refuses cuBLAS calls while a stream is captured, so the weight products are this file's own
-kernel: one warp per output row, 16-byte loads, each weight read once for all the call's rows
-(the GPU form of backend.few_rows_matmul). A graph replays fixed pointers and shapes, so the
-step is written shape-static: the token ids and the first position live in device buffers that
-the host fills before each replay, the new keys and values are written at their positions, and
-attention reads the cache up to each query's position, read on the device.
+kernels, each reading every weight once for all the call's rows (the GPU form of
+backend.few_rows_matmul): in float16 on the tensor cores (mma.sync), so a verify call of 5
+tokens costs what one token does (H200: 0.98-1.00 one-token steps; 16 tokens 1.11-1.12); in
+float32 one warp per output row with float multiply-adds, whose cost grows with the rows
+(`python .ci/gpu_rows.py` times both on a 1B model's shapes). A graph replays fixed pointers
+and shapes, so the step is written shape-static: the token ids and the first position live in
+device buffers that the host fills before each replay, the new keys and values are written at
+their positions, and attention reads the cache up to each query's position, read on the device.
 
 `static_hidden` is that step on any xp with any kernels: tests run it on NumPy with the plain
 functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs` captures it on CuPy
@@ -227,6 +230,115 @@ __global__ void rows_swiglu(const T* __restrict__ x, const T* __restrict__ wg,
     }
 }
 
+// The float16 few-rows product on the tensor cores: y [t, d_out] = x [t, d_in] w^T (+ b) (+ res)
+// for t <= 8 * NT rows and d_in a multiple of 32. A block of W warps computes 16 outputs: warp j
+// takes the 32-wide k-chunks c with c % W == j and multiplies the 16 x 32 weight tile with the
+// rows' 32 x 8 tile by two mma.sync m16n8k16 per 8 rows (float32 sums); the W warps' sums are
+// then added in a fixed order. The FMA kernel above spends t multiply-adds and t loads of x per
+// weight, so a call of 5 rows cost 2.9 one-row calls (H200); here the arithmetic is one
+// instruction per 2,048 products and the weights' bytes set the time whatever t is.
+// Fragments (PTX ISA, mma.m16n8k16): lane = 4 g + i; A holds rows g and g+8, B column g, each
+// at k = 2i, 2i+1, 2i+8, 2i+9 of the 16. Any order of k serves if A and B share it, so each lane
+// loads 8 consecutive k (16 bytes) per row and feeds them to two mma in the order that layout
+// asks. A row's sums do not depend on the other rows: a verify call's rows equal one-token
+// steps bit for bit.
+__device__ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// this warp's share of the 16 x (8 NT) tile of sums for outputs o0.. (rows past d_out read row
+// d_out - 1 and are never written; x rows past t count as zeros)
+template <int NT, int W>
+__device__ inline void mma_tile(const __half* __restrict__ x, const __half* __restrict__ w,
+                                int o0, int d_out, int t, int d_in, float* acc) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, i = lane & 3;
+    const __half* w_lo = w + (long long)min(o0 + g, d_out - 1) * d_in + 8 * i;
+    const __half* w_hi = w + (long long)min(o0 + g + 8, d_out - 1) * d_in + 8 * i;
+    const __half* xr[NT];
+    bool live[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        live[n] = n * 8 + g < t;
+        xr[n] = x + (long long)(live[n] ? n * 8 + g : 0) * d_in + 8 * i;
+    }
+#pragma unroll 4
+    for (int k = warp * 32; k < d_in; k += 32 * W) {
+        uint4 lo = *reinterpret_cast<const uint4*>(w_lo + k);
+        uint4 hi = *reinterpret_cast<const uint4*>(w_hi + k);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            uint4 b = live[n] ? *reinterpret_cast<const uint4*>(xr[n] + k) : make_uint4(0, 0, 0, 0);
+            mma16816(acc + 4 * n, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+            mma16816(acc + 4 * n, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+        }
+    }
+}
+
+// thread e < 128 NT of the block: the sum over the W warps of tile element e, with its output
+// index o (from o0) and row r. red holds W x 32 x 4 NT floats, written by stash_tile.
+template <int NT>
+__device__ inline void stash_tile(float* red, const float* acc) {
+#pragma unroll
+    for (int j = 0; j < 4 * NT; j++) red[threadIdx.x * 4 * NT + j] = acc[j];
+}
+template <int NT, int W>
+__device__ inline float tile_sum(const float* red, int e, int* o, int* r) {
+    int n = e / 128, lane = (e % 128) / 4, j = e % 4;
+    *o = (lane >> 2) + 8 * (j >> 1);
+    *r = n * 8 + 2 * (lane & 3) + (j & 1);
+    float s = 0.0f;
+    for (int wp = 0; wp < W; wp++) s += red[(wp * 32 + lane) * 4 * NT + 4 * n + j];
+    return s;
+}
+
+template <int NT, int W>
+__global__ void mma_matmul(const __half* __restrict__ x, const __half* __restrict__ w,
+                           const __half* b, const __half* res, __half* y, int t, int d_in,
+                           int d_out, int has_b, int has_res) {
+    __shared__ float red[32 * W * 4 * NT];
+    float acc[4 * NT];
+#pragma unroll
+    for (int j = 0; j < 4 * NT; j++) acc[j] = 0.0f;
+    int o0 = blockIdx.x * 16;
+    mma_tile<NT, W>(x, w, o0, d_out, t, d_in, acc);
+    stash_tile<NT>(red, acc);
+    __syncthreads();
+    if (threadIdx.x >= 128 * NT) return;
+    int o, r;
+    float s = tile_sum<NT, W>(red, threadIdx.x, &o, &r);
+    o += o0;
+    if (o >= d_out || r >= t) return;
+    if (has_b) s = float(__half(s)) + float(b[o]);
+    long long at = (long long)r * d_out + o;
+    y[at] = has_res ? __half(float(res[at]) + float(__half(s))) : __half(s);
+}
+
+template <int NT, int W>
+__global__ void mma_swiglu(const __half* __restrict__ x, const __half* __restrict__ wg,
+                           const __half* __restrict__ wu, __half* y, int t, int d_in, int d_out) {
+    __shared__ float red_g[32 * W * 4 * NT], red_u[32 * W * 4 * NT];
+    float ag[4 * NT], au[4 * NT];
+#pragma unroll
+    for (int j = 0; j < 4 * NT; j++) ag[j] = au[j] = 0.0f;
+    int o0 = blockIdx.x * 16;
+    mma_tile<NT, W>(x, wg, o0, d_out, t, d_in, ag);
+    mma_tile<NT, W>(x, wu, o0, d_out, t, d_in, au);
+    stash_tile<NT>(red_g, ag);
+    stash_tile<NT>(red_u, au);
+    __syncthreads();
+    if (threadIdx.x >= 128 * NT) return;
+    int o, r;
+    float g = float(__half(tile_sum<NT, W>(red_g, threadIdx.x, &o, &r)));
+    float u = float(__half(tile_sum<NT, W>(red_u, threadIdx.x, &o, &r)));
+    o += o0;
+    if (o >= d_out || r >= t) return;
+    y[(long long)r * d_out + o] = __half(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
+}
+
 // RMSNorm of one row per block: y = T(x / sqrt(mean(x^2) + eps)) * w
 template <typename T>
 __global__ void rms_norm(const T* x, const T* w, T* y, int d, float eps) {
@@ -334,12 +446,15 @@ __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
 
 _ROWS = (1, 2, 4, 8, 16)  # the few-rows products are compiled for at most this many rows
 _THREADS = 256
+_MMA_WARPS = 8  # warps per block of the tensor-core product (one block per 16 outputs)
 MAX_CACHE = 8192  # cache_attention keeps a row's scores in shared memory (48 KB)
 
 
 def _kernel_names(t: str) -> list[str]:
+    mma = ([f"mma_{k}<{n}, {_MMA_WARPS}>" for k in ("matmul", "swiglu") for n in (1, 2)]
+           if t == "__half" else [])
     return ([f"rows_matmul<{t}, {r}>" for r in _ROWS] + [f"rows_swiglu<{t}, {r}>" for r in _ROWS]
-            + [f"rms_norm<{t}>", f"rope_store<{t}>", f"cache_attention<{t}>"])
+            + [f"rms_norm<{t}>", f"rope_store<{t}>", f"cache_attention<{t}>"] + mma)
 
 
 class FusedKernels(PlainKernels):
@@ -355,8 +470,10 @@ class FusedKernels(PlainKernels):
         t = "float" if dtype == np.float32 else "__half"
         names = _kernel_names(t)
         module = cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=names)
-        self._k = {n.replace(f"{t}, ", "").replace(f"<{t}>", ""): module.get_function(n)
-                   for n in names}  # "rows_matmul<4>", "rms_norm", ...
+        self._k = {n.replace(f"{t}, ", "").replace(f"<{t}>", "").replace(f", {_MMA_WARPS}>", ">"):
+                   module.get_function(n) for n in names}  # "rows_matmul<4>", "mma_matmul<1>", ...
+        self.mma = dtype == np.float16  # the tensor-core product, for d_in a multiple of 32
+        self.mma_warps = _MMA_WARPS
 
     @staticmethod
     def _rows(t: int) -> int:
@@ -379,11 +496,15 @@ class FusedKernels(PlainKernels):
         t, d_in = x.shape
         wt = self._weight(w)
         y = self.xp.empty((t, wt.shape[0]), dtype=x.dtype)
-        self._k[f"rows_matmul<{self._rows(t)}>"](
-            (self._blocks(wt.shape[0]),), (_THREADS,),
-            (x, wt, x if b is None else b, x if res is None else self.xp.ascontiguousarray(res),
-             y, np.int32(t), np.int32(d_in), np.int32(wt.shape[0]), np.int32(b is not None),
-             np.int32(res is not None)))
+        args = (x, wt, x if b is None else b, x if res is None else self.xp.ascontiguousarray(res),
+                y, np.int32(t), np.int32(d_in), np.int32(wt.shape[0]), np.int32(b is not None),
+                np.int32(res is not None))
+        if self.mma and d_in % 32 == 0:
+            self._k[f"mma_matmul<{1 if t <= 8 else 2}>"]((-(-wt.shape[0] // 16),),
+                                                         (32 * self.mma_warps,), args)
+        else:
+            self._k[f"rows_matmul<{self._rows(t)}>"]((self._blocks(wt.shape[0]),), (_THREADS,),
+                                                     args)
         return y
 
     def norm(self, x, w, b, eps):
@@ -431,9 +552,13 @@ class FusedKernels(PlainKernels):
         t, d_in = x.shape
         wg, wu = self._weight(w_gate), self._weight(w_up)
         y = self.xp.empty((t, wg.shape[0]), dtype=x.dtype)
-        self._k[f"rows_swiglu<{self._rows(t)}>"](
-            (self._blocks(wg.shape[0]),), (_THREADS,),
-            (x, wg, wu, y, np.int32(t), np.int32(d_in), np.int32(wg.shape[0])))
+        args = (x, wg, wu, y, np.int32(t), np.int32(d_in), np.int32(wg.shape[0]))
+        if self.mma and d_in % 32 == 0:
+            self._k[f"mma_swiglu<{1 if t <= 8 else 2}>"]((-(-wg.shape[0] // 16),),
+                                                         (32 * self.mma_warps,), args)
+        else:
+            self._k[f"rows_swiglu<{self._rows(t)}>"]((self._blocks(wg.shape[0]),), (_THREADS,),
+                                                     args)
         return y
 
 

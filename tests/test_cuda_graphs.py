@@ -86,8 +86,9 @@ def test_fused_kernels_equal_the_plain_pieces(family, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("d_in", [64, 100])  # 16-byte loads, and the scalar loop
 def test_few_rows_products_do_not_depend_on_the_other_rows(dtype, d_in):
-    """A row's product is the same bits whatever the number of rows in the call (a verify call's
-    rows equal one-token steps), and close to cuBLAS's product."""
+    """Every row of a call is the same bits as that row's one-row call, whatever the number of
+    rows (a verify call's rows equal one-token steps) and however many outputs a warp computes
+    (37 outputs: the last warp has fewer than the others), and close to cuBLAS's product."""
     import cupy as cp
 
     k = cuda_graphs.FusedKernels(cp, dtype)
@@ -95,12 +96,14 @@ def test_few_rows_products_do_not_depend_on_the_other_rows(dtype, d_in):
     w = cp.asarray(rng.standard_normal((37, d_in)), dtype).T  # [d_in, 37], one output per row
     w2 = cp.asarray(rng.standard_normal((37, d_in)), dtype).T
     x = cp.asarray(rng.standard_normal((16, d_in)), dtype)
-    one = k.linear(x[:1], w)[0]
-    one_swiglu = k._swiglu(x[:1], w, w2)[0]
+    one = [k.linear(x[r:r + 1], w)[0] for r in range(16)]
+    one_swiglu = [k._swiglu(x[r:r + 1], w, w2)[0] for r in range(16)]
     for t in range(1, 17):
-        cp.testing.assert_array_equal(k.linear(x[:t], w)[0], one)
-        cp.testing.assert_array_equal(k._swiglu(x[:t], w, w2)[0], one_swiglu)
-    _close(one[None], x[:1] @ w, 1e-5 if dtype == "float32" else 2e-3)
+        y, y_swiglu = k.linear(x[:t], w), k._swiglu(x[:t], w, w2)
+        for r in range(t):
+            cp.testing.assert_array_equal(y[r], one[r])
+            cp.testing.assert_array_equal(y_swiglu[r], one_swiglu[r])
+    _close(cp.stack(one), x @ w, 1e-5 if dtype == "float32" else 2e-3)
 
 
 @needs_gpu
