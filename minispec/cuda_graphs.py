@@ -235,13 +235,13 @@ __global__ void rows_swiglu(const T* __restrict__ x, const T* __restrict__ wg,
 // takes the 32-wide k-chunks c with c % W == j and multiplies the 16 x 32 weight tile with the
 // rows' 32 x 8 tile by two mma.sync m16n8k16 per 8 rows (float32 sums); the W warps' sums are
 // then added in a fixed order. The FMA kernel above spends t multiply-adds and t loads of x per
-// weight, so a call of 5 rows cost 2.9 one-row calls (H200); here the arithmetic is one
+// weight, so a call of 5 rows cost 2.8 one-row calls (H200); here the arithmetic is one
 // instruction per 2,048 products and the weights' bytes set the time whatever t is.
 // Fragments (PTX ISA, mma.m16n8k16): lane = 4 g + i; A holds rows g and g+8, B column g, each
-// at k = 2i, 2i+1, 2i+8, 2i+9 of the 16. Any order of k serves if A and B share it, so each lane
-// loads 8 consecutive k (16 bytes) per row and feeds them to two mma in the order that layout
-// asks. A row's sums do not depend on the other rows: a verify call's rows equal one-token
-// steps bit for bit.
+// at k = 2i, 2i+1, 2i+8, 2i+9 of the 16, and the sums D rows g and g+8 at columns 2i, 2i+1. Any
+// order of k serves if A and B share it, so each lane loads 8 consecutive k (16 bytes) per row
+// and feeds them to two mma in the order that layout asks. A row's sums do not depend on the
+// other rows: a verify call's rows equal one-token steps bit for bit.
 __device__ inline void mma16816(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                 unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -278,13 +278,14 @@ __device__ inline void mma_tile(const __half* __restrict__ x, const __half* __re
     }
 }
 
-// thread e < 128 NT of the block: the sum over the W warps of tile element e, with its output
-// index o (from o0) and row r. red holds W x 32 x 4 NT floats, written by stash_tile.
+// each thread's sums into red [W warps x 32 lanes x 4 NT] (threadIdx.x = 32 warp + lane)
 template <int NT>
 __device__ inline void stash_tile(float* red, const float* acc) {
 #pragma unroll
     for (int j = 0; j < 4 * NT; j++) red[threadIdx.x * 4 * NT + j] = acc[j];
 }
+// for thread e < 128 NT: the sum over the W warps of tile element e, in warp order, with its
+// output o (from o0) and row r
 template <int NT, int W>
 __device__ inline float tile_sum(const float* red, int e, int* o, int* r) {
     int n = e / 128, lane = (e % 128) / 4, j = e % 4;
