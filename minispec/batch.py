@@ -148,6 +148,12 @@ class LoadAwareGamma:
             self.tested += accepted + (accepted < depth)
 
 
+def batch_sizes_up_to(n: int) -> tuple[int, ...]:
+    """The batch sizes `calibrate` times for a batch of at most n sequences: the powers of two
+    below n, and n (the costs are linear in B between them)."""
+    return tuple(sorted({2**i for i in range(n.bit_length()) if 2**i < n} | {n}))
+
+
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
               batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), max_k: int = 9,
               context: int = 64, repeats: int = 5) -> BatchCosts:
@@ -234,20 +240,28 @@ class BatchDecoder:
     ones that finished, which leave the batch. gamma: an integer (0 = plain decoding),
     "auto" (Hugging Face's schedule, per sequence) or "load-aware" (one gamma per round for the
     whole batch, `LoadAwareGamma`; costs: its BatchCosts, measured with `calibrate` if not
-    given). verify: the speculative step, as in speculative_generate.
+    given, for batches of 1..max_batch sequences (default 32): each size timed adds to the
+    calibration). verify: the speculative step, as in speculative_generate.
     """
 
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=4,
-                 verify=minispec_verify, costs: BatchCosts | None = None) -> None:
+                 verify=minispec_verify, costs: BatchCosts | None = None,
+                 max_batch: int | None = None) -> None:
         self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
         self.target, self.sampling, self.verify = target, sampling, verify
         self.gamma = gamma
         self.load_aware = None
+        if max_batch is not None and (isinstance(max_batch, bool)
+                                      or not isinstance(max_batch, (int, np.integer))
+                                      or max_batch < 1):
+            raise MinispecError(f"max_batch: expected a positive integer or None, got "
+                                f"{max_batch!r:.40}")
         if isinstance(gamma, str) and gamma == "load-aware":
             if costs is None:
                 # what one draft step runs, asked of the drafter: (model, layers) or None
                 model, layers = self.drafter.draft_step() or (None, None)
-                costs = calibrate(target, model, draft_layers=layers)
+                costs = calibrate(target, model, draft_layers=layers,
+                                  batch_sizes=batch_sizes_up_to(int(max_batch or 32)))
             self.load_aware = LoadAwareGamma(costs)
         else:
             gamma_policy(gamma, least=0)  # checked now, one policy per sequence at add()
@@ -320,16 +334,17 @@ def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=4,
     drafter: as speculative_generate's (a draft Model or a Drafter made for target), or None for
     plain decoding. gamma: an integer (0 = plain autoregressive decoding of the batch), "auto"
     or "load-aware" (see BatchDecoder; costs: LoadAwareGamma's measurements, from `calibrate`
-    when not given). Sequence i draws its random numbers from default_rng([seed, i]) (fresh
-    randomness for seed None); see the module docstring for what that guarantees. The other
-    arguments are speculative_generate's. A sequence's stats.total_seconds is its latency, its
-    rounds' timings those of the batch's rounds.
+    for batches of 1..len(prompts) when not given). Sequence i draws its random numbers from
+    default_rng([seed, i]) (fresh randomness for seed None); see the module docstring for what
+    that guarantees. The other arguments are speculative_generate's. A sequence's
+    stats.total_seconds is its latency, its rounds' timings those of the batch's rounds.
     """
     sampling = Sampling(temperature, top_k, top_p)
     request = Request(max_new_tokens, eos_token_id, seed)
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
         raise MinispecError("prompts: expected a non-empty list of prompts (token id lists)")
-    decoder = BatchDecoder(target, drafter, sampling, gamma=gamma, verify=verify, costs=costs)
+    decoder = BatchDecoder(target, drafter, sampling, gamma=gamma, verify=verify, costs=costs,
+                           max_batch=len(prompts))  # the batch only shrinks
     for i, prompt in enumerate(prompts):
         rng = np.random.default_rng() if seed is None else np.random.default_rng([seed, i])
         decoder.add(prompt, request, rng)

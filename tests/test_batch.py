@@ -15,6 +15,7 @@ from minispec.batch import (
     BatchCosts,
     BatchDecoder,
     LoadAwareGamma,
+    batch_sizes_up_to,
     calibrate,
     generate_batch,
 )
@@ -225,6 +226,20 @@ def test_load_aware_generation_follows_its_choices_and_stays_exact():
     assert [r.tokens for r in results] == REFERENCE[:5]
     for r in results:
         assert all(rd.gamma <= 4 for rd in r.stats.rounds)
+
+
+def test_load_aware_calibrates_only_the_batch_sizes_it_can_meet():
+    """A batch never grows past its prompts: generate_batch times batch sizes 1..len(prompts),
+    not 1..32 (24 s for the shipped pair on 2 cores, for a batch of 3)."""
+    assert batch_sizes_up_to(1) == (1,)
+    assert batch_sizes_up_to(3) == (1, 2, 3)
+    assert batch_sizes_up_to(8) == (1, 2, 4, 8)
+    assert batch_sizes_up_to(32) == (1, 2, 4, 8, 16, 32)
+    decoder = BatchDecoder(TARGET, CLOSE, Sampling(), gamma="load-aware", max_batch=3)
+    assert set(decoder.load_aware.costs.verify) == set(decoder.load_aware.costs.draft) == {1, 2, 3}
+    for bad in (0, -1, 2.5, True, "3"):
+        with pytest.raises(MinispecError, match="max_batch"):
+            BatchDecoder(TARGET, CLOSE, Sampling(), gamma="load-aware", max_batch=bad)
 
 
 def test_bad_batch_arguments_are_named():
