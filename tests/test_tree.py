@@ -187,6 +187,32 @@ def test_tree_drafters_run_in_a_batch_and_greedy_is_autoregressive(gamma):
             assert r.tokens == base.tokens
 
 
+def test_head_and_tree_drafters_on_each_device(device):
+    """Medusa and EAGLE heads (chains, static trees, EAGLE-2's dynamic tree) and the draft
+    model's tree, greedy, against autoregressive decoding: on the CPU and, when there is one,
+    the GPU (a tree's verify call takes the plain path there, a chain's a CUDA graph if on)."""
+    target = random_model(tiny_config(), seed=0, scale=0.5, device=device)
+    draft = random_model(tiny_config(n_layers=1), seed=0, scale=0.4, device=device)
+    drafters = {
+        "model-tree 2,2,1": TreeModelDrafter(target, draft, (2, 2, 1)),
+        "medusa": minispec.drafters.random_medusa(target, 3, seed=1, scale=0.3),
+        "medusa 2,1,1": minispec.drafters.random_medusa(target, 3, seed=1, scale=0.3,
+                                                        shape=(2, 1, 1)),
+        "eagle": minispec.drafters.random_eagle(target, seed=1),
+        "eagle 2,2,1": minispec.drafters.random_eagle(target, seed=1, shape=(2, 2, 1)),
+        "eagle-2": minispec.drafters.random_eagle(target, seed=1, shape=(3, 2, 2),
+                                                  dynamic=(2, 6)),
+    }
+    for prompt in ([3, 17, 5], [9] * 11):
+        base = minispec.autoregressive_generate(target, prompt, max_new_tokens=20,
+                                                temperature=0.0)
+        for name, drafter in drafters.items():
+            out = minispec.speculative_generate(target, drafter, prompt, gamma=3,
+                                                max_new_tokens=20, temperature=0.0)
+            assert out.tokens == base.tokens, (device, name)
+            assert out.stats.drafted > 0, (device, name)
+
+
 def test_a_tree_shaped_like_a_chain_is_a_chain_and_parents_alone_make_a_tree():
     # no flag says which kind a drafter drafts: the shape decides, the same way every round
     target = random_model(tiny_config(), seed=0, scale=0.5)
