@@ -1,6 +1,7 @@
 """The GPU few-rows product on a 1B Llama's weight shapes: the time of a step's weight products
-for each row count t, the FMA kernel against the tensor-core one, with the bit checks the verify
-path relies on.
+for each row count t, the multiply-add kernel (float32's, here run in float16) against the
+tensor-core one at 8 and 16 warps a block (minispec uses cuda_graphs._MMA_WARPS), with the bit
+checks the verify path relies on.
 
 All the weight products of one step of a Llama-3.2-1B-shaped model (16 layers of qkv 3072x2048,
 o 2048x2048, gate and up 8192x2048 as one SwiGLU kernel, down 2048x8192, then the 128256x2048
