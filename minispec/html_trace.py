@@ -62,8 +62,10 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
     """The HTML page for one generation (`result`, a GenerationResult) made with `traced`;
     greedy (temperature 0) adds a note that r then decides nothing."""
 
+    from .cli import SPACE, show  # a token as the terminal trace writes it: ' self' is '·self'
+
     def tok(t: int) -> str:
-        return f"<code>{html.escape(repr(decode([t]))[1:-1])}</code>"
+        return f"<code>{html.escape(show(decode, t))}</code>"
 
     rounds = []
     for n, (rd, call) in enumerate(zip(result.stats.rounds, traced.calls), 1):
@@ -108,7 +110,8 @@ section {{ border-top: 1px solid #ddd; padding-top: .3em; }}
 (p). A draft is kept when the uniform r satisfies r&middot;q(x) &lt; p(x), that is with probability
 min(1, p(x)/q(x)); the first rejected one is replaced by a draw from norm(max(0, p - q)); if every
 draft is kept the target adds a bonus token from its next distribution.
-<span class=k>kept drafts</span> <span class=c>correction</span> <span class=b>bonus</span></p>
+<span class=k>kept drafts</span> <span class=c>correction</span> <span class=b>bonus</span>.
+In the tables {SPACE} is a space inside a token and \\n a newline.</p>
 {GREEDY_NOTE if greedy else ""}
 <pre>{text}</pre>
 <p><b>{st.new_tokens}</b> tokens, <b>{st.target_calls}</b> target calls

@@ -239,9 +239,21 @@ def test_html_needs_a_prompt_and_keeps_the_text_and_statistics(pair, capsys, tmp
     assert "speculative (model drafter): 6 tokens" in out and f"wrote {page}" in out
     assert "try --temperature 1" in out
     assert "the uniform r plays no role" in page.read_text()  # said on the page, at T = 0
+
     rc, out, _ = run(capsys, "--target", target, "--draft", draft, "--prompt", "def f(x):",
                      "--max-new-tokens", 6, "--html", page, "--temperature", 1, "--device", "cpu")
     assert rc == 0 and "r plays no role" not in page.read_text() + out
+
+
+def test_html_tables_show_spaces_inside_tokens_as_the_trace_does(capsys, tmp_path):
+    """The shipped target indents after `def f(x):`: those tokens' spaces read as '·' in the
+    page's tables, as in the terminal trace, and no token there shows a bare space."""
+    page = tmp_path / "gen.html"
+    rc, out, _ = run(capsys, "--prompt", "def f(x):", "--max-new-tokens", 8, "--html", page,
+                     "--device", "cpu")
+    codes = re.findall(r"<code>([^<]*)</code>", page.read_text())
+    assert rc == 0 and any("\u00b7" in c for c in codes)
+    assert not any(" " in c for c in codes if c != "--temperature 1")
 
 
 @pytest.mark.parametrize("command", ["sweep", "crossover", "serve"])
