@@ -23,6 +23,7 @@ from .errors import MinispecError
 from .sampling import Sampling
 from .shipped import SHIPPED, resolve  # weights/ in a checkout, or the copy a wheel installed
 from .speculative import Request
+from .tokenizer import SPACE, show_token
 
 GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
 
@@ -399,25 +400,16 @@ def render_trace(rounds, decode, color: bool) -> str:
     for i, r in enumerate(rounds):
         # r.emitted is cut just after an EOS; the round's own token is its last entry otherwise
         kept = r.emitted[: r.accepted]
-        parts = [paint(show(decode, t), GREEN, "{}") for t in kept]
+        parts = [paint(show_token(decode, t), GREEN, "{}") for t in kept]
         if len(r.emitted) > r.accepted:
-            parts += [paint(show(decode, t), RED, "~{}~") for t in r.drafted[r.accepted :]]
-            last = show(decode, r.emitted[-1])
+            parts += [paint(show_token(decode, t), RED, "~{}~") for t in r.drafted[r.accepted :]]
+            last = show_token(decode, r.emitted[-1])
             parts.append(paint(last, YELLOW, "[+{}]") if r.kind == "bonus"
                          else paint(last, CYAN, "[->{}]"))
         lines.append(f"round {i + 1:3d} | " + " ".join(parts))
     legend = (f"{GREEN}accepted{RESET} {RED}rejected{RESET} {CYAN}correction{RESET} "
               f"{YELLOW}bonus{RESET}" if color else "accepted ~rejected~ [->correction] [+bonus]")
     return "\n".join([legend + f"  ({SPACE} is a space, tokens are separated by blanks)", *lines])
-
-
-SPACE = "\u00b7"  # a space inside a token, in the trace: ' self' shows as '·self'
-
-
-def show(decode, token: int) -> str:
-    """A token as text with whitespace made visible (newlines as \\n, spaces as ·), so the
-    blanks between tokens are the only spaces in a trace line."""
-    return repr(decode([token]))[1:-1].replace(" ", SPACE)
 
 
 def format_stats(result, speculative: bool) -> str:

@@ -16,6 +16,7 @@ import html
 
 import numpy as np
 
+from .tokenizer import SPACE, show_token
 from .verify import verify as minispec_verify
 
 
@@ -62,10 +63,8 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
     """The HTML page for one generation (`result`, a GenerationResult) made with `traced`;
     greedy (temperature 0) adds a note that r then decides nothing."""
 
-    from .cli import SPACE, show  # a token as the terminal trace writes it: ' self' is '·self'
-
     def tok(t: int) -> str:
-        return f"<code>{html.escape(show(decode, t))}</code>"
+        return f"<code>{html.escape(show_token(decode, t))}</code>"
 
     rounds = []
     for n, (rd, call) in enumerate(zip(result.stats.rounds, traced.calls), 1):

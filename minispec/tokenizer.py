@@ -102,3 +102,12 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.source!r}, vocab={self.vocab_size}, bos={self.bos_id})"
+
+
+SPACE = "\u00b7"  # a space inside a token, as the traces write it: ' self' shows as '·self'
+
+
+def show_token(decode, token: int) -> str:
+    """A token as text with whitespace made visible (newlines as \\n, spaces as ·), for the
+    terminal trace and the --html page: the blanks between tokens are then the only spaces."""
+    return repr(decode([token]))[1:-1].replace(" ", SPACE)
