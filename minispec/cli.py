@@ -70,12 +70,12 @@ def shipped_pair() -> tuple[Path, Path]:
     return SHIPPED / "target", SHIPPED / "draft"
 
 
-def load_flag(flag: str, path: str, device: str):
+def load_flag(flag: str, path: str, device: str, dtype: str | None = None):
     """load() of the directory a flag names, its errors prefixed with the flag."""
     from .loader import load
 
     try:
-        return load(resolve(str(path)), device=device)
+        return load(resolve(str(path)), device=device, dtype=dtype)
     except MinispecError as e:
         raise MinispecError(f"{flag}: {e}") from None
 
@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the drafts)")
     ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
                     help="auto: the GPU when CuPy sees one")
+    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                    help="compute dtype (float16 is for the GPU, where a verify call's weight "
+                    "products then run on the tensor cores)")
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS threads for NumPy (default 1: a decode step's small matmuls are "
                     "faster on one thread on small or busy machines; raise it for large models)")
@@ -210,7 +213,7 @@ class Session:
                                 "early-exit, eagle without --tree)")
         if args.html and not Path(args.html).resolve().parent.is_dir():
             raise MinispecError(f"--html {args.html}: its folder does not exist")
-        self.target = load_flag("--target", args.target, args.device)
+        self.target = load_flag("--target", args.target, args.device, args.dtype)
         if self.target.tokenizer is None:
             raise MinispecError(f"--target {args.target}: no tokenizer.json, so the CLI cannot "
                                 "encode text")
@@ -220,7 +223,8 @@ class Session:
                 raise MinispecError("--draft: give a draft model directory for this --target "
                                     "(or use --drafter ngram | early-exit)")
             draft_dir = "shipped:draft"
-        self.draft_model = load_flag("--draft", draft_dir, args.device) if draft_dir else None
+        self.draft_model = (load_flag("--draft", draft_dir, args.device, args.dtype)
+                            if draft_dir else None)
         if self.target.device == "gpu":  # calls of a few tokens as CUDA graphs (cuda_graphs.py)
             from .cuda_graphs import enable_where_supported
 

@@ -1,6 +1,7 @@
 """The command line: generation, --compare, --trace, the interactive prompt, and its errors."""
 
 import io
+import json
 import re
 import sys
 
@@ -254,6 +255,23 @@ def test_html_tables_show_spaces_inside_tokens_as_the_trace_does(capsys, tmp_pat
     codes = re.findall(r"<code>([^<]*)</code>", page.read_text())
     assert rc == 0 and any("\u00b7" in c for c in codes)
     assert not any(" " in c for c in codes if c != "--temperature 1")
+
+
+def test_dtype_float16_reaches_the_models(pair, capsys, tmp_path):
+    """--dtype float16 (meant for the GPU's tensor cores) loads both models in float16; greedy
+    speculative output is still the target's own, and `drafters` says the dtype it ran in."""
+    target, draft = pair
+    rc, out, _ = run(capsys, "--target", target, "--draft", draft, "--prompt", "def f(x):",
+                     "--max-new-tokens", 6, "--dtype", "float16", "--device", "cpu", "--compare")
+    assert rc == 0 and "outputs identical" in out
+    (tmp_path / "p.txt").write_text("def f(x):\n")
+    rc, out, err = run(capsys, "drafters", "--target", target, "--draft", draft, "--drafters",
+                       "model", "--prompts", tmp_path / "p.txt", "--num-prompts", 1,
+                       "--max-new-tokens", 4, "--temperatures", 0, "--dtype", "float16", "--json")
+    assert rc == 0 and json.loads(out)["settings"]["dtype"] == "float16", err
+    with pytest.raises(SystemExit):
+        run(capsys, "--dtype", "float64", "--prompt", "x")
+    assert "--dtype" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["sweep", "crossover", "serve"])

@@ -176,6 +176,8 @@ def format_report(report: dict) -> str:
     if s.get("device", "cpu") != "cpu":
         graphs = " with CUDA graphs" if s["cuda_graphs"] else ""
         where = f", on the {s['device'].upper()}{graphs}"
+    if s.get("dtype", "float32") != "float32":
+        where += f", in {s['dtype']}"
     lines = [f"every drafter on {s['prompts']} held-out prompts x {s['max_new_tokens']} new "
              f"tokens, gamma (tree depth) {s['gamma']}, {s['repeats']} timed pass(es), "
              f"methods interleaved{where}"]
@@ -227,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
     ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
                     help="where the models run")
+    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                    help="the models' compute dtype (float16 is for the GPU, where a verify "
+                    "call's weight products then run on the tensor cores)")
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
                     help="on the GPU: calls of a few tokens replayed as CUDA graphs "
                     "(minispec/cuda_graphs.py)")
@@ -245,15 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         with blas_threads(args.threads):
             no_draft = args.draft.lower() == "none"
             rows, notes = select_rows(args.drafters, not no_draft)
-            target = load(args.target, device=args.device)
-            draft = None if no_draft else load(path_arg(args.draft), device=args.device)
+            target = load(args.target, device=args.device, dtype=args.dtype)
+            draft = None if no_draft else load(path_arg(args.draft), device=args.device,
+                                               dtype=args.dtype)
             if args.cuda_graphs == "on":
                 enable_where_supported(target, draft)
             texts = harness.load_prompts(args.prompts, args.num_prompts)
             prompts = harness.encode_prompts(texts, target.tokenizer)
             report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                    "gamma": args.gamma, "repeats": args.repeats,
-                                   "device": target.device,
+                                   "device": target.device, "dtype": str(target.dtype),
                                    "cuda_graphs": target.step_graphs is not None},
                       "by_temperature": {
                           f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
