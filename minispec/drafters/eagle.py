@@ -14,8 +14,8 @@ One round, for a context x_0..x_{n-1} whose features f_0..f_{n-2} the target has
 The layer's input pairs the feature at position j with the token sampled there (x_{j+1} was
 drawn from f_j's distribution): the token removes the sampling's uncertainty the feature alone
 would leave (EAGLE's "feature and shifted token"). The feature is the last layer's output only
-(EAGLE-1); EAGLE-3 fuses several layers' states, which added nothing on the 5-layer toy
-target (tried, weights/README.md).
+(EAGLE-1); EAGLE-3 fuses several layers' states, which added nothing in short fine-tunes of
+the shipped heads (tried on both targets, weights/README.md).
 
 After verification `accept` receives the target's true features of the kept positions (from
 the verify call, no extra work), and the layer's cache is rolled back to the entries made from
