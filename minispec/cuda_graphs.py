@@ -447,7 +447,8 @@ __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
 
 _ROWS = (1, 2, 4, 8, 16)  # the few-rows products are compiled for at most this many rows
 _THREADS = 256
-_MMA_WARPS = 8  # warps per block of the tensor-core product (one block per 16 outputs)
+_MMA_WARPS = 16  # warps per block of the tensor-core product (one block per 16 outputs): 16
+# beat 8 at every row count on an H200 (`python .ci/gpu_rows.py`, weights/gpu/rows.txt)
 MAX_CACHE = 8192  # cache_attention keeps a row's scores in shared memory (48 KB)
 
 
