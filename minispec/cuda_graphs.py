@@ -8,7 +8,8 @@ both here:
 
   1. fewer kernels: each weight product, RMSNorm, RoPE with the cache write, attention over the
      cache, and SiLU(gate) * up are one kernel each (eight per layer);
-  2. one launch: the step is captured once as a CUDA graph and replayed (1.5-1.6 ms, 36-39%).
+  2. one launch: the step is captured once as a CUDA graph and replayed (1.5-1.7 ms: 36-39% of
+     the floor on an H200, 50% on an H100), and so is the final norm with the LM head.
 
 CuPy refuses cuBLAS calls while a stream is captured, so the weight products are this file's own
 kernels, each reading every weight once for all the call's rows (the GPU form of
@@ -20,11 +21,12 @@ and shapes, so the step is written shape-static: the token ids and the first pos
 device buffers that the host fills before each replay, the new keys and values are written at
 their positions, and attention reads the cache up to each query's position, read on the device.
 
-`static_hidden` is that step on any xp with any kernels: tests run it on NumPy with the plain
-functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs` captures it on CuPy
-with `FusedKernels` and is what `enable(model)` hangs on the model: Model.hidden then replays a
-graph for every call of 1..max_tokens tokens (decode steps, chain verify calls) and takes the
-plain path for anything else (prefill, trees, batches of several sequences).
+`static_hidden` (and `static_head`) is that step on any xp with any kernels: tests run it on
+NumPy with the plain functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs`
+captures it on CuPy with `FusedKernels` and is what `enable(model)` hangs on the model:
+Model.hidden then replays a graph for every call of 1..max_tokens tokens (decode steps, chain
+verify calls), Model.head one for 1..max_tokens rows, and both take the plain path for anything
+else (prefill, trees, batches of several sequences).
 """
 
 from __future__ import annotations
@@ -105,6 +107,13 @@ def static_hidden(model, kernels, ids, positions, cache):
         h = static_block(kernels, h, w["layers"][i], model.config, tables, cache.k[i],
                          cache.v[i], positions)
     return h
+
+
+def static_head(model, kernels, h):
+    """Model.head (final norm, LM head, float32 logits) on `kernels`: h [T, D] -> [T, V]."""
+    w = model.weights
+    h = kernels.norm(h, w["norm_w"], w["norm_b"], model.config.norm_eps)  # [T, D]
+    return kernels.linear(h, w["lm_head"]).astype("float32", copy=False)  # [T, V]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -587,8 +596,16 @@ class _Graph:
         self.cache_k, self.graph, self.ids, self.start, self.h = cache_k, graph, ids, start, h
 
 
+class _HeadGraph:
+    """The captured head for T rows: its graph, its input h [T, D] and its logits [T, V]."""
+
+    def __init__(self, graph, h, logits):
+        self.graph, self.h, self.logits = graph, h, logits
+
+
 class StepGraphs:
-    """Model.hidden for 1..max_tokens tokens as replayed CUDA graphs, one per (cache, T).
+    """Model.hidden for 1..max_tokens tokens as replayed CUDA graphs, one per (cache, T), and
+    (head=True) Model.head for 1..max_tokens rows, one graph per T.
 
     A graph is captured the first time a cache sees a call of T tokens (a warm-up step, then the
     capture: the cost of a few steps), and replayed after that; the `max_graphs` most recently
@@ -596,7 +613,7 @@ class StepGraphs:
     handed memory a replay writes to.
     """
 
-    def __init__(self, model, *, max_tokens: int = 16, max_graphs: int = 16):
+    def __init__(self, model, *, max_tokens: int = 16, max_graphs: int = 16, head: bool = True):
         why = supported(model)
         if why is not None:
             raise MinispecError(f"cuda_graphs: {why}")
@@ -610,6 +627,7 @@ class StepGraphs:
         self.pool = cp.cuda.MemoryPool()
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self.heads: dict[int, _HeadGraph] | None = {} if head else None  # T -> the head's graph
         self.captures = 0
         self._free: dict[tuple, list] = {}  # shape -> released (k, v) arrays, for new_cache
 
@@ -646,6 +664,36 @@ class StepGraphs:
         g.graph.launch()  # on the current stream, after the two writes above
         cache.length = pos + t
         return g.h.copy()  # the graph's output buffer is rewritten by its next replay
+
+    def head(self, h):
+        """Model.head(h) by a graph replay (one per T, the final norm and the LM head with the
+        few-rows product), or None where a graph does not serve (more than max_tokens rows)."""
+        t = h.shape[0]
+        if self.heads is None or not 1 <= t <= self.max_tokens:
+            return None
+        g = self.heads.get(t)
+        if g is None:
+            g = self.heads[t] = self._capture_head(h)
+        g.h[...] = h  # the graph's input buffer
+        g.graph.launch()
+        return g.logits.copy()  # rewritten by the next replay
+
+    def _capture_head(self, h) -> _HeadGraph:
+        cp, m = self.cp, self.model
+        cp.cuda.Device().synchronize()
+        h_buf = cp.array(h, dtype=m.dtype, order="C")
+        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
+            static_head(m, self.kernels, h_buf)  # warm-up
+            self.stream.synchronize()
+            self.stream.begin_capture()
+            try:
+                logits = static_head(m, self.kernels, h_buf)
+            finally:
+                graph = self.stream.end_capture()
+            graph.upload(self.stream)
+            self.stream.synchronize()
+        self.captures += 1
+        return _HeadGraph(graph, h_buf, logits)
 
     def _capture(self, cache, ids) -> _Graph:
         cp, m, t = self.cp, self.model, int(ids.shape[0])

@@ -354,6 +354,10 @@ class Model:
     def head(self, h, lm_head=None):
         """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device). lm_head:
         other head weights [D, N] to use instead (a draft vocabulary's rows, drafters/vocab.py)."""
+        if lm_head is None and self.step_graphs is not None:  # a few rows: a replayed graph
+            logits = self.step_graphs.head(h)
+            if logits is not None:
+                return logits
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)  # [T, D]
         lm_head = w["lm_head"] if lm_head is None else lm_head

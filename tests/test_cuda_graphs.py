@@ -47,6 +47,15 @@ def test_static_step_equals_the_plain_step(family):
         static.rollback(keep)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_static_head_equals_the_plain_head(family):
+    m = random_model(tiny_config(family), seed=4, scale=0.3)
+    h = np.random.default_rng(0).standard_normal((3, m.config.hidden_size)).astype(np.float32)
+    out = cuda_graphs.static_head(m, cuda_graphs.PlainKernels(np), h)
+    assert out.dtype == np.float32 and out.shape == (3, m.vocab_size)
+    np.testing.assert_allclose(out, m.head(h), rtol=1e-6, atol=1e-6)
+
+
 def test_graphs_refuse_a_cpu_model():
     m = random_model(tiny_config(), seed=0)
     with pytest.raises(MinispecError, match="GPU"):
@@ -127,6 +136,28 @@ def test_graph_replays_equal_the_plain_path(family):
         plain.rollback(keep)
         fast.rollback(keep)
     assert graphs.captures == 3  # one per (cache, T); the other calls were replays
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_head_replays_equal_the_plain_head(family, dtype):
+    """Model.head's graph (final norm, the few-rows product over the vocabulary, float32 out)
+    against the plain head, for 1..16 rows; one capture per row count."""
+    import cupy as cp
+
+    m = random_model(tiny_config(family), seed=2, scale=0.3, device="gpu", dtype=dtype)
+    graphs = cuda_graphs.StepGraphs(m)
+    rng = np.random.default_rng(2)
+    for t in (1, 5, 1, 16, 5):
+        h = cp.asarray(rng.standard_normal((t, m.config.hidden_size)), dtype)
+        out = graphs.head(h)
+        assert out.dtype == np.float32 and out.shape == (t, m.vocab_size)
+        _close(out, m.head(h), 1e-5 if dtype == "float32" else 2e-3)
+    assert graphs.captures == 3
+    assert graphs.head(cp.zeros((17, m.config.hidden_size), dtype)) is None  # past max_tokens
+    assert cuda_graphs.StepGraphs(m, head=False).head(h) is None
 
 
 @needs_gpu
