@@ -25,8 +25,10 @@ their positions, and attention reads the cache up to each query's position, read
 NumPy with the plain functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs`
 captures it on CuPy with `FusedKernels` and is what `enable(model)` hangs on the model:
 Model.hidden then replays a graph for every call of 1..max_tokens tokens (decode steps, chain
-verify calls), Model.head one for 1..max_tokens rows, and both take the plain path for anything
-else (prefill, trees, batches of several sequences).
+verify calls), minispec.tree.hidden_tree one for a tree's verify call of 1..max_tokens rows (its
+shape given as data: the rows' positions and which rows each one sees), Model.head one for
+1..max_tokens rows, and all take the plain path for anything else (prefill, larger trees, trees
+grown level by level, batches of several sequences).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 
 from .errors import MinispecError
 from .model import attention, gelu_new, linear, mlp, norm, rope
+from .tree import tree_mask
 
 # ------------------------------------------------------------------------------------------------
 # the step, shape-static: no value is read back to the host, every shape depends on T and S_max
@@ -58,23 +61,33 @@ class PlainKernels:
         y = linear(x, w, b)
         return y if res is None else res + y
 
-    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv):
-        """Rotate the q and k heads of qkv [T, H+2K, E] (q in place) and write k, v into the
-        caches [K, S_max, E] at `positions`. tables: the RoPE (cos, sin) [P, E/2], or None."""
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None):
+        """Rotate the q and k heads of qkv [T, H+2K, E] (q in place) by `positions` and write k,
+        v into the caches [K, S_max, E] at `slots` (default: the positions; a tree's node i sits
+        in slot base + i, at position base + depth(i)). tables: RoPE (cos, sin) [P, E/2], or
+        None."""
         n_rot = n_heads + n_kv
+        slots = positions if slots is None else slots
         if tables is not None:
             qkv[:, :n_rot] = rope(self.xp, qkv[:, :n_rot], tables[0][positions],
                                   tables[1][positions])
-        k_cache[:, positions] = qkv[:, n_heads:n_rot].transpose(1, 0, 2)  # [K, T, E], scattered
-        v_cache[:, positions] = qkv[:, n_rot:].transpose(1, 0, 2)
+        k_cache[:, slots] = qkv[:, n_heads:n_rot].transpose(1, 0, 2)  # [K, T, E], scattered
+        v_cache[:, slots] = qkv[:, n_rot:].transpose(1, 0, 2)
 
-    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window):
-        """Attention of the T queries in qkv at `positions` over the whole cache -> [T, H*E]."""
+    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window, slots=None,
+                  tree=None):
+        """Attention of the T queries in qkv at `positions` (in `slots`, default the positions)
+        over the cache up to each one's slot -> [T, H*E]. tree [T] uint32: row r sees, of the
+        slots slots[0].. (this call's rows), those whose bit is set in tree[r]."""
         xp = self.xp
-        i, j = positions[:, None], xp.arange(k_cache.shape[1])[None, :]  # [T, 1], [1, S_max]
+        slots = positions if slots is None else slots
+        i, j = slots[:, None], xp.arange(k_cache.shape[1])[None, :]  # [T, 1], [1, S_max]
         mask = j <= i
         if window is not None:
-            mask &= j > i - window
+            mask &= j > positions[:, None] - window
+        if tree is not None:
+            row = xp.clip(j - slots[0], 0, 31).astype(xp.uint32)  # [1, S_max]
+            mask &= (j < slots[0]) | ((tree[:, None] >> row) & 1).astype(bool)
         return attention(xp, qkv[:, :n_heads], k_cache, v_cache, mask)
 
     def mlp(self, x, p, res=None):
@@ -82,22 +95,29 @@ class PlainKernels:
         return y if res is None else res + y
 
 
-def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions):
+def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions, slots=None,
+                 tree=None):
     """model.block with the positions on the device: x [T, D] -> [T, D]."""
     n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
     xn = kernels.norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
     qkv = kernels.linear(xn, p["wqkv"], p["bqkv"]).reshape(x.shape[0], n_heads + 2 * n_kv, e)
-    kernels.rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv)
-    att = kernels.attention(qkv, k_cache, v_cache, positions, n_heads, config.sliding_window)
+    kernels.rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots)
+    att = kernels.attention(qkv, k_cache, v_cache, positions, n_heads, config.sliding_window,
+                            slots, tree)
     x = kernels.linear(att, p["wo"], p["bo"], res=x)  # x + attn
     return kernels.mlp(kernels.norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p,
                        res=x)  # x + mlp
 
 
-def static_hidden(model, kernels, ids, positions, cache):
+def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
     """Model.hidden for T tokens `ids` at `positions` (device arrays, pos..pos+T-1) on `cache`,
     without reading anything back to the host; does not change cache.length. The RoPE tables
-    must already cover cache.max_len positions (StepGraphs grows them before a capture)."""
+    must already cover cache.max_len positions (StepGraphs grows them before a capture).
+
+    A tree call (minispec.tree.hidden_tree with done=0) gives `slots` (base..base+T-1, where the
+    rows' keys go) apart from the positions (base + depth for a node) and `tree` [T] uint32, row
+    r's bits set for the rows it sees (its ancestors and itself; a prefix row the rows before
+    it): see the attention kernel."""
     w = model.weights
     h = w["embed"][ids]  # [T, D]
     if w["pos_embed"] is not None:
@@ -105,7 +125,7 @@ def static_hidden(model, kernels, ids, positions, cache):
     tables = None if model._inv_freq is None else (model._cos, model._sin)  # [P, E/2] each
     for i in range(model.n_layers):
         h = static_block(kernels, h, w["layers"][i], model.config, tables, cache.k[i],
-                         cache.v[i], positions)
+                         cache.v[i], positions, slots, tree)
     return h
 
 
@@ -366,12 +386,13 @@ __global__ void rms_norm(const T* x, const T* w, T* y, int d, float eps) {
 }
 
 // qkv [t, H+2K, e] at positions qpos: RoPE (tables cs, sn [P, e/2], if has_rope) on the q and k
-// heads, q written back in place, k and v written to the caches kc, vc [K, s_max, e].
+// heads, q written back in place, k and v written to the caches kc, vc [K, s_max, e] in slots
+// slot[r] (= qpos for a chain; a tree's node sits in slot base + r at position base + depth).
 // One thread per (row, head, pair j < e/2).
 template <typename T>
 __global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
-                           const long long* qpos, int t, int n_heads, int n_kv, int e, int s_max,
-                           int has_rope) {
+                           const long long* qpos, const long long* slot, int t, int n_heads,
+                           int n_kv, int e, int s_max, int has_rope) {
     int half = e / 2, n_all = n_heads + 2 * n_kv;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * n_all * half) return;
@@ -394,18 +415,21 @@ __global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
     }
     bool is_k = n < n_heads + n_kv;
     int kvh = is_k ? n - n_heads : n - n_heads - n_kv;
-    T* dst = (is_k ? kc : vc) + ((long long)kvh * s_max + p) * e;
+    T* dst = (is_k ? kc : vc) + ((long long)kvh * s_max + slot[r]) * e;
     dst[j] = T(x1);
     dst[j + half] = T(x2);
 }
 
-// attention of query row r (position qpos[r]) and head h over keys lo < j <= qpos[r] of kv head
-// h / (H/K) in the caches: out [t, H*e]. One block per (h, r); blockDim a multiple of 32, >= e.
-// Shared memory: s_max scores, e query values, blockDim partial sums.
+// attention of query row r (position qpos[r], in slot slot[r]) and head h over the keys in slots
+// lo < j <= slot[r] of kv head h / (H/K) in the caches: out [t, H*e]. With has_tree, of the
+// slots from slot[0] on (this call's rows) only those whose bit is set in tree[r] are seen (the
+// row's ancestors and itself; a tree takes no window). One block per (h, r); blockDim a
+// multiple of 32, >= e. Shared memory: s_max scores, e query values, blockDim partial sums.
 template <typename T>
 __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
-                                const long long* qpos, int t, int n_heads, int n_kv, int e,
-                                int s_max, float scale, int window) {
+                                const long long* qpos, const long long* slot,
+                                const unsigned int* tree, int has_tree, int t, int n_heads,
+                                int n_kv, int e, int s_max, float scale, int window) {
     extern __shared__ float sh[];
     __shared__ float red[32];
     float* sc = sh;
@@ -413,17 +437,18 @@ __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
     float* part = qs + e;
     int h = blockIdx.x, r = blockIdx.y, tid = threadIdx.x;
     int kvh = h / (n_heads / n_kv);
-    long long p = qpos[r], lo = window > 0 ? p - window : -1;
+    long long p = qpos[r], lo = window > 0 ? p - window : -1, base = slot[0];
+    unsigned int seen = has_tree ? tree[r] : 0u;  // (t <= 32 rows: one bit each)
     const T* q = qkv + ((long long)r * (n_heads + 2 * n_kv) + h) * e;
     const T* K = kc + (long long)kvh * s_max * e;
     const T* V = vc + (long long)kvh * s_max * e;
     for (int d = tid; d < e; d += blockDim.x) qs[d] = float(q[d]);
     __syncthreads();
-    int n = (int)p + 1;
+    int n = (int)slot[r] + 1;
     float m = NEG_INF;
     for (int j = tid; j < n; j += blockDim.x) {
         float s = NEG_INF;
-        if (j > lo) {
+        if (j > lo && (!has_tree || j < base || ((seen >> (int)(j - base)) & 1u))) {
             const T* kr = K + (long long)j * e;
             float a = 0.0f;
             for (int d = 0; d < e; d++) a += qs[d] * float(kr[d]);
@@ -435,7 +460,7 @@ __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
     m = block_reduce(m, red, true);
     float z = 0.0f;
     for (int j = tid; j < n; j += blockDim.x) {
-        float w = j > lo ? expf(sc[j] - m) : 0.0f;
+        float w = sc[j] > NEG_INF ? expf(sc[j] - m) : 0.0f;
         sc[j] = w;
         z += w;
     }
@@ -527,23 +552,26 @@ class FusedKernels(PlainKernels):
                             (x, w, y, np.int32(x.shape[1]), np.float32(eps)))
         return y
 
-    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv):
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None):
         t, n_all, e = qkv.shape  # qkv: the product's fresh output, C-contiguous
         n = t * n_all * (e // 2)
         cs, sn = tables if tables is not None else (qkv, qkv)
         self._k["rope_store"](((n + _THREADS - 1) // _THREADS,), (_THREADS,),
-                              (qkv, cs, sn, k_cache, v_cache, positions, np.int32(t),
+                              (qkv, cs, sn, k_cache, v_cache, positions,
+                               positions if slots is None else slots, np.int32(t),
                                np.int32(n_heads), np.int32(n_kv), np.int32(e),
                                np.int32(k_cache.shape[1]), np.int32(tables is not None)))
 
-    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window):
+    def attention(self, qkv, k_cache, v_cache, positions, n_heads, window, slots=None,
+                  tree=None):
         t, n_all, e = qkv.shape
         s_max = k_cache.shape[1]
         out = self.xp.empty((t, n_heads * e), dtype=qkv.dtype)
         self._k["cache_attention"](
             (n_heads, t), (_THREADS,),
-            (qkv, k_cache, v_cache, out, positions, np.int32(t), np.int32(n_heads),
-             np.int32((n_all - n_heads) // 2), np.int32(e), np.int32(s_max),
+            (qkv, k_cache, v_cache, out, positions, positions if slots is None else slots,
+             positions if tree is None else tree, np.int32(tree is not None), np.int32(t),
+             np.int32(n_heads), np.int32((n_all - n_heads) // 2), np.int32(e), np.int32(s_max),
              np.float32(1.0 / math.sqrt(e)), np.int32(window or 0)),
             shared_mem=4 * (s_max + e + _THREADS))
         return out
@@ -585,15 +613,27 @@ def supported(model) -> str | None:
     return None
 
 
+def tree_inputs(model, parents, m: int, cache):
+    """A tree call's inputs to static_hidden (minispec.tree.hidden_tree with m prefix tokens,
+    done=0; its rows go to slots cache.length..): the rows' positions [T] and tree bits [T]
+    uint32 (bit c of row r: row r sees row c). Checks that the nodes fit the cache."""
+    pos, mask, first = tree_mask(model, parents, cache, m)  # first == cache.length
+    t = len(pos)
+    seen = mask[:, first:first + t].astype(np.uint32)  # [T, T]
+    return pos, (seen << np.arange(t, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+
+
 # ------------------------------------------------------------------------------------------------
 # capture and replay
 
 
 class _Graph:
-    """One captured step: its graph, its input buffers and the output it writes."""
+    """One captured step: its graph, its input buffers and the output it writes (a tree call's
+    graph has two more inputs: the rows' positions and their tree bits)."""
 
-    def __init__(self, cache_k, graph, ids, start, h):
+    def __init__(self, cache_k, graph, ids, start, h, pos=None, tree=None):
         self.cache_k, self.graph, self.ids, self.start, self.h = cache_k, graph, ids, start, h
+        self.pos, self.tree = pos, tree
 
 
 class _HeadGraph:
@@ -695,17 +735,50 @@ class StepGraphs:
         self.captures += 1
         return _HeadGraph(graph, h_buf, logits)
 
-    def _capture(self, cache, ids) -> _Graph:
+    def hidden_tree(self, ids, parents, m: int, cache):
+        """minispec.tree.hidden_tree(model, ids[:m], ids[m:], parents, cache) (done=0) by a
+        graph replay, or None where a graph does not serve (more than max_tokens rows, a sliding
+        window, a cache longer than MAX_CACHE). One graph per (cache, T) serves every tree of T
+        rows: the tree's shape is input, the rows' positions and which rows each one sees."""
+        mdl, t = self.model, len(ids)
+        if (not 1 <= t <= self.max_tokens or cache.max_len > MAX_CACHE
+                or mdl.config.sliding_window is not None):
+            return None
+        pos, bits = tree_inputs(mdl, parents, m, cache)
+        key = (id(cache.k), t, "tree")
+        g = self.graphs.get(key)
+        if g is None or g.cache_k is not cache.k:
+            g = self._capture(cache, self.cp.asarray(ids), pos, bits)
+            self.graphs[key] = g
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        g.ids.set(ids)
+        g.pos.set(pos)
+        g.tree.set(bits)
+        g.start.fill(cache.length)  # the first slot written
+        g.graph.launch()
+        cache.length += m
+        return g.h.copy()
+
+    def _capture(self, cache, ids, pos=None, bits=None) -> _Graph:
+        """Capture the step for `ids` (a chain at cache.length.., or with pos and bits a tree
+        call whose rows go to slots cache.length..)."""
         cp, m, t = self.cp, self.model, int(ids.shape[0])
         if m._inv_freq is not None and cache.max_len > m._rope_len:
             m._grow_rope(cache.max_len)
         cp.cuda.Device().synchronize()  # the cache's earlier writes are done
         ids_buf = ids.copy()  # the inputs: rewritten before every replay
         start = cp.full((1,), cache.length, dtype=cp.int64)
+        pos_buf = None if pos is None else cp.asarray(pos, dtype=cp.int64)
+        tree_buf = None if bits is None else cp.asarray(bits, dtype=cp.uint32)
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
 
             def step():
-                return static_hidden(m, self.kernels, ids_buf, start + cp.arange(t), cache)
+                slots = start + cp.arange(t)
+                if tree_buf is None:
+                    return static_hidden(m, self.kernels, ids_buf, slots, cache)
+                return static_hidden(m, self.kernels, ids_buf, pos_buf, cache, slots, tree_buf)
 
             step()  # warm-up: compiles kernels, fills the pool, sets cuBLAS up on this stream
             self.stream.synchronize()
@@ -717,7 +790,7 @@ class StepGraphs:
             graph.upload(self.stream)  # instantiate now, not at the first replay
             self.stream.synchronize()
         self.captures += 1
-        return _Graph(cache.k, graph, ids_buf, start, h)
+        return _Graph(cache.k, graph, ids_buf, start, h, pos_buf, tree_buf)
 
 
 def enable(model, **kw) -> StepGraphs:

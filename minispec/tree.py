@@ -104,6 +104,10 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
                           np.asarray(tokens, dtype=np.int64)[done:]])  # [T]
     if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
         raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
+    if model.step_graphs is not None and not done:  # on the GPU: a replayed graph, if it serves
+        h = model.step_graphs.hidden_tree(ids, parents, len(prefix), cache)
+        if h is not None:
+            return h
     positions = tree_positions(cache.length + len(prefix), parents, len(prefix), done)
     h = model.weights["embed"][xp.asarray(ids)]  # [T] -> [T, D]
     if model.weights["pos_embed"] is not None:
@@ -123,6 +127,21 @@ def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
     cache, then tree nodes done..n-1 (see hidden_tree) -> [m + n - done, D]. For a drafter whose
     inputs are not token embeddings (EAGLE feeds features)."""
     xp, config = model.xp, model.config
+    n_ctx = cache.length + m  # the context length once the prefix is in
+    pos_fed, mask, first = tree_mask(model, parents, cache, m, done)
+    rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
+    mask = xp.asarray(mask)
+    for i in range(model.n_layers):  # block() writes slots first.. and attends over 0..S-1
+        h = block(xp, h, model.weights["layers"][i], config, rot, (cache.k[i], cache.v[i]),
+                  first, mask)  # [T, D] -> [T, D]
+    cache.length = n_ctx
+    return h
+
+
+def tree_mask(model, parents, cache, m: int = 0, done: int = 0):
+    """For a call of tree_layers: the rows' positions [T], the attention mask [T, S] (host) and
+    the first slot the rows are written to, after checking that the nodes fit."""
+    config = model.config
     parents = np.asarray(parents, dtype=np.int64)
     n = len(parents)
     if done and m:
@@ -150,14 +169,8 @@ def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
     if window is not None:  # key positions: the context's own, then each node's
         key_pos = np.concatenate([np.arange(n_ctx), positions])
         mask &= (pos_fed[:, None] - key_pos[None, :]) < window
-    rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
-    mask = xp.asarray(mask)
     first = n_ctx + done if not m else n_ctx - m  # the first slot written
-    for i in range(model.n_layers):  # block() writes slots first.. and attends over 0..S-1
-        h = block(xp, h, model.weights["layers"][i], config, rot, (cache.k[i], cache.v[i]),
-                  first, mask)  # [T, D] -> [T, D]
-    cache.length = n_ctx
-    return h
+    return pos_fed, mask, first
 
 
 def keep_path(cache, path: list[int]) -> None:

@@ -47,6 +47,44 @@ def test_static_step_equals_the_plain_step(family):
         static.rollback(keep)
 
 
+TREES = [([1], [-1, 0, 0, 1, 1, 2, 3]),  # (prefix length m, parents): Medusa's 2,2,1,1 shapes
+         ([3], [-1, -1, 0, 0, 1, 4, 5, 5]),
+         ([0], [-1, 0, -1, 2, 0]),
+         ([2], [-1, 0, 1, 2])]  # a chain
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("m, parents", [(m[0], p) for m, p in TREES])
+def test_static_tree_step_equals_the_plain_tree_call(family, m, parents):
+    """A tree call (minispec.tree.hidden_tree: m prefix tokens, then nodes at position n_ctx +
+    depth in slot n_ctx + i, each seeing the context and its ancestors) through the static step,
+    its shape given as positions and tree bits, on NumPy: the same hidden states and the same
+    keys and values in the same slots as the plain call."""
+    from minispec.tree import hidden_tree
+
+    if tiny_config(family).sliding_window is not None:
+        pytest.skip("a sliding window keeps trees on the plain path")
+    mdl = random_model(tiny_config(family), seed=5, scale=0.3)
+    rng = np.random.default_rng(3)
+    plain, static = mdl.new_cache(40), mdl.new_cache(40)
+    prompt = rng.integers(0, 48, 7).tolist()
+    mdl.hidden(prompt, plain)
+    mdl.hidden(prompt, static)
+    prefix, tokens = rng.integers(0, 48, m).tolist(), rng.integers(0, 48, len(parents))
+    a = hidden_tree(mdl, prefix, tokens, parents, plain)
+    pos, bits = cuda_graphs.tree_inputs(mdl, parents, m, static)
+    ids = np.concatenate([np.asarray(prefix, dtype=np.int64), tokens])
+    slots = static.length + np.arange(len(ids))
+    b = cuda_graphs.static_hidden(mdl, cuda_graphs.PlainKernels(np), ids, pos, static, slots,
+                                  bits)
+    static.length += m
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    assert static.length == plain.length
+    end = plain.length + len(parents)
+    np.testing.assert_allclose(static.k[:, :, :end], plain.k[:, :, :end], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(static.v[:, :, :end], plain.v[:, :, :end], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_head_equals_the_plain_head(family):
     m = random_model(tiny_config(family), seed=4, scale=0.3)
@@ -158,6 +196,70 @@ def test_head_replays_equal_the_plain_head(family, dtype):
     assert graphs.captures == 3
     assert graphs.head(cp.zeros((17, m.config.hidden_size), dtype)) is None  # past max_tokens
     assert cuda_graphs.StepGraphs(m, head=False).head(h) is None
+
+
+@needs_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral"])
+def test_tree_replays_equal_the_plain_tree_call(family):
+    """Tree calls replayed from graphs against minispec.tree.hidden_tree on the plain path: the
+    hidden states, then (after keeping one path) the next step's; trees of the same row count
+    but other shapes replay the same graph."""
+    import cupy as cp
+
+    from minispec.tree import hidden_tree, keep_path
+
+    mdl = random_model(tiny_config(family), seed=5, scale=0.3, device="gpu")
+    rng = np.random.default_rng(4)
+    plain, fast = mdl.new_cache(64), mdl.new_cache(64)
+    prompt = rng.integers(0, 48, 6).tolist()
+    mdl.hidden(prompt, plain)
+    mdl.hidden(prompt, fast)
+    graphs = cuda_graphs.StepGraphs(mdl)
+    shapes = [[-1, 0, 0, 1, 1, 2, 3], [-1, -1, 0, 1, 2, 2, 5], [-1, 0, 1, 2]]
+    for m, parents in [(1, shapes[0]), (1, shapes[1]), (2, shapes[2]), (1, shapes[0])]:
+        prefix, tokens = rng.integers(0, 48, m).tolist(), rng.integers(0, 48, len(parents))
+        a = hidden_tree(mdl, prefix, tokens, parents, plain)
+        b = graphs.hidden_tree(np.concatenate([prefix, tokens]).astype(np.int64), parents, m,
+                               fast)
+        assert fast.length == plain.length
+        _close(b, a, 1e-5)
+        path = [0, 1] if parents[1] == 0 else [1]
+        keep_path(plain, path)
+        keep_path(fast, path)
+        toks = rng.integers(0, 48, 2).tolist()
+        _close(graphs.hidden(toks, fast), mdl.hidden(toks, plain), 1e-5)
+    _close(cp.asarray(fast.k[:, :, :fast.length]), plain.k[:, :, :plain.length], 1e-5)
+    assert graphs.captures == 3  # trees of 8 rows, of 6 rows, the chain step of 2
+
+
+@needs_gpu
+@pytest.mark.gpu
+def test_tree_drafters_with_graphs_match_autoregressive():
+    """Greedy tree drafting (the draft model's tree, Medusa, EAGLE, EAGLE-2) with the target's
+    tree calls replayed from graphs == autoregressive decoding, and the graphs were used."""
+    import minispec
+    from minispec.drafters.tree_model import TreeModelDrafter
+
+    target = random_model(tiny_config(), seed=0, scale=0.5, device="gpu")
+    draft = random_model(tiny_config(n_layers=1), seed=0, scale=0.4, device="gpu")
+    drafters = [TreeModelDrafter(target, draft, (2, 2, 1)),
+                minispec.drafters.random_medusa(target, 3, seed=1, scale=0.3, shape=(2, 1, 1)),
+                minispec.drafters.random_eagle(target, seed=1, shape=(2, 2, 1)),
+                minispec.drafters.random_eagle(target, seed=1, shape=(3, 2, 2), dynamic=(2, 6))]
+    prompts = ([3, 17, 5], [9] * 11)
+    base = [autoregressive_generate(target, p, max_new_tokens=20, temperature=0).tokens
+            for p in prompts]
+    graphs = cuda_graphs.enable(target)
+    try:
+        for drafter in drafters:
+            for p, b in zip(prompts, base):
+                out = minispec.speculative_generate(target, drafter, p, gamma=3,
+                                                    max_new_tokens=20, temperature=0.0)
+                assert out.tokens == b, type(drafter).__name__
+    finally:
+        cuda_graphs.disable(target)
+    assert any(k[-1] == "tree" for k in graphs.graphs)
 
 
 @needs_gpu

@@ -156,6 +156,7 @@ def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20)
             t0 = time.perf_counter()
             h = hidden_tree(target, ids[-1:], np.full(len(parents), 5), parents, cache)
             target.head(h)
+            harness._sync(target)  # (on the GPU: the call's work, not only its launches)
             cache.rollback(context - 1)
             if i >= 2:
                 times[name].append(time.perf_counter() - t0)
@@ -164,7 +165,7 @@ def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20)
     for s in shapes:
         name = ",".join(map(str, s))
         t_tree, t_chain = harness.median(times[name]), harness.median(times[f"chain {len(s)}"])
-        out.append({"shape": name, "nodes": tree_size(s), "depth": len(s),
+        out.append({"shape": name, "nodes": tree_size(s), "depth": len(s), "one_token_s": t1,
                     "tree_over_one_token": t_tree / t1, "chain_over_one_token": t_chain / t1,
                     "tree_over_chain": t_tree / t_chain})
     return out
