@@ -666,7 +666,7 @@ class StepGraphs:
         self.kernels = FusedKernels(cp, model.dtype)
         self.pool = cp.cuda.MemoryPool()
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self.graphs: OrderedDict[tuple[int, int], _Graph] = OrderedDict()
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()  # (id(cache.k), T[, "tree"])
         self.heads: dict[int, _HeadGraph] | None = {} if head else None  # T -> the head's graph
         self.captures = 0
         self._free: dict[tuple, list] = {}  # shape -> released (k, v) arrays, for new_cache
@@ -691,14 +691,7 @@ class StepGraphs:
             return None
         ids = m._token_array(tokens)  # checked, on the device
         m._check_span(pos, t, cache)
-        key = (id(cache.k), t)
-        g = self.graphs.get(key)
-        if g is None or g.cache_k is not cache.k:  # (an id can be reused by a new cache)
-            g = self._capture(cache, ids)
-            self.graphs[key] = g
-            while len(self.graphs) > self.max_graphs:
-                self.graphs.popitem(last=False)
-        self.graphs.move_to_end(key)
+        g = self._graph((id(cache.k), t), cache, lambda: self._capture(cache, ids))
         g.ids[...] = ids
         g.start.fill(pos)
         g.graph.launch()  # on the current stream, after the two writes above
@@ -719,20 +712,9 @@ class StepGraphs:
         return g.logits.copy()  # rewritten by the next replay
 
     def _capture_head(self, h) -> _HeadGraph:
-        cp, m = self.cp, self.model
-        cp.cuda.Device().synchronize()
-        h_buf = cp.array(h, dtype=m.dtype, order="C")
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            static_head(m, self.kernels, h_buf)  # warm-up
-            self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                logits = static_head(m, self.kernels, h_buf)
-            finally:
-                graph = self.stream.end_capture()
-            graph.upload(self.stream)
-            self.stream.synchronize()
-        self.captures += 1
+        self.cp.cuda.Device().synchronize()
+        h_buf = self.cp.array(h, dtype=self.model.dtype, order="C")  # the input
+        graph, logits = self._record(lambda: static_head(self.model, self.kernels, h_buf))
         return _HeadGraph(graph, h_buf, logits)
 
     def hidden_tree(self, ids, parents, m: int, cache):
@@ -745,14 +727,8 @@ class StepGraphs:
                 or mdl.config.sliding_window is not None):
             return None
         pos, bits = tree_inputs(mdl, parents, m, cache)
-        key = (id(cache.k), t, "tree")
-        g = self.graphs.get(key)
-        if g is None or g.cache_k is not cache.k:
-            g = self._capture(cache, self.cp.asarray(ids), pos, bits)
-            self.graphs[key] = g
-            while len(self.graphs) > self.max_graphs:
-                self.graphs.popitem(last=False)
-        self.graphs.move_to_end(key)
+        g = self._graph((id(cache.k), t, "tree"), cache,
+                        lambda: self._capture(cache, self.cp.asarray(ids), pos, bits))
         g.ids.set(ids)
         g.pos.set(pos)
         g.tree.set(bits)
@@ -772,25 +748,43 @@ class StepGraphs:
         start = cp.full((1,), cache.length, dtype=cp.int64)
         pos_buf = None if pos is None else cp.asarray(pos, dtype=cp.int64)
         tree_buf = None if bits is None else cp.asarray(bits, dtype=cp.uint32)
+
+        def step():
+            slots = start + cp.arange(t)
+            if tree_buf is None:
+                return static_hidden(m, self.kernels, ids_buf, slots, cache)
+            return static_hidden(m, self.kernels, ids_buf, pos_buf, cache, slots, tree_buf)
+
+        graph, h = self._record(step)
+        return _Graph(cache.k, graph, ids_buf, start, h, pos_buf, tree_buf)
+
+    def _graph(self, key, cache, capture) -> _Graph:
+        """The graph for `key` on `cache`, captured by capture() if there is none (or it was
+        captured on a cache now gone: an id can be reused); the max_graphs most recent kept."""
+        g = self.graphs.get(key)
+        if g is None or g.cache_k is not cache.k:
+            g = self.graphs[key] = capture()
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        return g
+
+    def _record(self, step):
+        """Run step() once (a warm-up: compiles kernels, fills the pool), then capture it on
+        this object's stream -> (the graph, instantiated, and the output its replays write)."""
+        cp = self.cp
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-
-            def step():
-                slots = start + cp.arange(t)
-                if tree_buf is None:
-                    return static_hidden(m, self.kernels, ids_buf, slots, cache)
-                return static_hidden(m, self.kernels, ids_buf, pos_buf, cache, slots, tree_buf)
-
-            step()  # warm-up: compiles kernels, fills the pool, sets cuBLAS up on this stream
+            step()
             self.stream.synchronize()
             self.stream.begin_capture()
             try:
-                h = step()
+                out = step()
             finally:
                 graph = self.stream.end_capture()
             graph.upload(self.stream)  # instantiate now, not at the first replay
             self.stream.synchronize()
         self.captures += 1
-        return _Graph(cache.k, graph, ids_buf, start, h, pos_buf, tree_buf)
+        return graph, out
 
 
 def enable(model, **kw) -> StepGraphs:
