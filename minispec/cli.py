@@ -152,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-color", action="store_true", help="plain-text trace markers")
     ap.add_argument("--html", metavar="FILE", default=None,
                     help="with --prompt: also write the generation as one HTML page, round by "
-                    "round (drafts, q(x), p(x), the uniform r, verdicts, residuals); try it "
-                    "with --temperature 1 (at 0, r plays no role)")
+                    "round (drafts, q(x), p(x), the uniform r, verdicts, residuals; a tree "
+                    "drafter's trees and their walk); try it with --temperature 1 (at 0, r "
+                    "plays no role)")
     return ap
 
 
@@ -208,9 +209,6 @@ class Session:
         if args.draft_vocab is not None and args.drafter != "model":
             raise MinispecError(f"--draft-vocab: for the model drafter (--drafter model), got "
                                 f"--drafter {args.drafter}")
-        if args.html and not chain_drafter(self.settings):
-            raise MinispecError("--html: shows chains; choose a chain drafter (model, ngram, "
-                                "early-exit, eagle without --tree)")
         if args.html and not Path(args.html).resolve().parent.is_dir():
             raise MinispecError(f"--html {args.html}: its folder does not exist")
         self.target = load_flag("--target", args.target, args.device, args.dtype)
@@ -374,11 +372,6 @@ class Session:
         print(f"wrote {path}: {len(result.stats.rounds)} rounds, {result.stats.new_tokens} "
               "tokens" + ("; at temperature 0 the uniform r plays no role: try --temperature 1"
                           if s.sampling.temperature == 0 else ""))
-
-
-def chain_drafter(s: Settings) -> bool:
-    """Whether the settings' drafter drafts chains (what --html can show)."""
-    return not (s.drafter in ("model-tree", "medusa") or (s.drafter == "eagle" and s.tree))
 
 
 def check_text(text: str, source: str) -> None:

@@ -6,7 +6,9 @@ bonus token when every draft was kept; totals at the end.
 The page is built by a verify step that wraps minispec.verify without changing it: it copies the
 random generator before the call and replays the uniforms verify drew (one per draft it tested,
 in order, then one for the correction or bonus draw), so what the page shows are the numbers the
-real step used. Chain drafters only (a tree's walk is minispec/tree.py's).
+real step used. A tree round (minispec/tree.py) is walked by minispec.tree.verify_tree itself,
+asked to record each child it tries: the page shows the tree, each child tried with its
+proposal s(x), the target's r(x) and the uniform, and the token drawn at the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import html
 import numpy as np
 
 from .tokenizer import SPACE, show_token
+from .tree import children_of, depths
+from .tree import verify_tree as minispec_verify_tree
 from .verify import verify as minispec_verify
 
 
@@ -51,11 +55,35 @@ class TracedVerify:
                            "top": [(int(t), float(dist[t])) for t in top if dist[t] > 0]})
         return emitted
 
+    def verify_tree(self, p, q, tokens, parents, siblings, rng):
+        """minispec.tree.verify_tree, its walk recorded (what the loop calls for a tree round)."""
+        trace: list = []
+        path, token = minispec_verify_tree(p, q, tokens, parents, siblings, rng, trace)
+        *steps, last = trace
+        dist = np.asarray(last["last"], dtype=np.float64)
+        top = np.argsort(-dist, kind="stable")[:5]
+        self.calls.append({"tree": True, "tokens": [int(t) for t in tokens],
+                           "parents": [int(a) for a in parents], "path": list(path),
+                           "steps": steps, "rejected": last["rejected"], "final": int(token),
+                           "final_prob": float(dist[int(token)]),
+                           "top": [(int(t), float(dist[t])) for t in top if dist[t] > 0]})
+        return path, token
+
 
 GREEDY_NOTE = """<p class=greedy><b>Temperature 0:</b> p and q are one-hot (all their mass on
 the most likely token), so every kept draft reads q(x) = p(x) = 1 and every rejected one p(x) = 0:
 a draft is kept exactly when it is the target's own choice, and the uniform r plays no role. Run
 again with a temperature (<code>--temperature 1</code>) to see r, q and p decide.</p>"""
+
+
+TREE_NOTE = """<p>A <b>tree</b> round drafts several candidates per position and the target
+scores every node in one call. The walk starts after the context: the children of the current
+node are tried in turn; child x is kept when u&middot;s(x) &lt; r(x), where s is the distribution
+it was drawn from (given the siblings tried before it) and r the target's, less what each
+rejected sibling took (r becomes norm(max(0, r - s))); a kept child becomes the current node. When
+every child is rejected the token is drawn from r (a correction); at a leaf, from p after it (a
+bonus). In the tree, <span class=k>kept</span>, <span class=x>rejected</span>, <span
+class=u>not tried</span>.</p>"""
 
 
 def page(prompt: str, result, traced: TracedVerify, decode, title: str,
@@ -66,8 +94,39 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
     def tok(t: int) -> str:
         return f"<code>{html.escape(show_token(decode, t))}</code>"
 
+    def tree_section(call) -> str:
+        """A tree round: the tree (kept nodes green, rejected red), then the walk's table."""
+        kids, depth = children_of(call["parents"]), depths(call["parents"])
+        verdict = {s["node"]: s["kept"] for s in call["steps"]}
+
+        def nodes(parent: int) -> str:
+            items = "".join(
+                f"<li><span class={cls}>{tok(call['tokens'][c])}</span>{nodes(c)}</li>"
+                for c in kids[parent]
+                for cls in [{True: "k", False: "x"}.get(verdict.get(c), "u")])
+            return f"<ul>{items}</ul>" if items else ""
+
+        said = {True: "kept (u&middot;s &lt; r)", False: "rejected (u&middot;s &ge; r)"}
+        rows = "".join(
+            f"<tr class={'kept' if s['kept'] else 'rejected'}><td>{depth[s['node']] + 1}</td>"
+            f"<td>{tok(s['token'])}</td><td>{s['s']:.4f}</td><td>{s['r']:.4f}</td>"
+            f"<td>{s['u']:.4f}</td><td>{said[s['kept']]}</td></tr>" for s in call["steps"])
+        return (f"<div class=tree>{nodes(-1)}</div><table><tr><th>depth</th><th>child x</th>"
+                f"<th>s(x)</th><th>r(x)</th><th>u</th><th>verdict</th></tr>{rows}</table>")
+
     rounds = []
     for n, (rd, call) in enumerate(zip(result.stats.rounds, traced.calls), 1):
+        if call.get("tree"):
+            kind = ("correction, from r after every child was rejected" if call["rejected"]
+                    else "bonus, from p after the leaf")
+            top = ", ".join(f"{tok(t)} {pr:.3f}" for t, pr in call["top"])
+            rounds.append(
+                f"<section><h2>round {n}: {len(rd.emitted)} token{'s' * (len(rd.emitted) != 1)} "
+                f"from one target call over a tree of {len(call['tokens'])} nodes</h2>"
+                f"{tree_section(call)}<p class={'corr' if call['rejected'] else 'bonus'}>{kind}: "
+                f"{tok(call['final'])} (probability {call['final_prob']:.3f}); most likely: "
+                f"{top}</p></section>")
+            continue
         rows = "".join(
             f"<tr class={'kept' if s['kept'] else 'rejected'}><td>{tok(s['token'])}</td>"
             f"<td>{s['q']:.4f}</td><td>{s['p']:.4f}</td><td>{s['r']:.4f}</td>"
@@ -102,6 +161,7 @@ tr.kept td {{ background: #e3f6e3; }} tr.rejected td {{ background: #fbe3e3; }}
 .k {{ background: #e3f6e3; }} .c {{ background: #dff0fb; }} .b {{ background: #fff3c4; }}
 p.greedy {{ background: #fff3c4; padding: .5em; }}
 p.corr {{ color: #05608f; }} p.bonus {{ color: #8a6d00; }} p.note {{ color: #777; }}
+.x {{ background: #fbe3e3; }} .u {{ color: #999; }} div.tree ul {{ margin: 0; }}
 section {{ border-top: 1px solid #ddd; padding-top: .3em; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
@@ -111,6 +171,7 @@ min(1, p(x)/q(x)); the first rejected one is replaced by a draw from norm(max(0,
 draft is kept the target adds a bonus token from its next distribution.
 <span class=k>kept drafts</span> <span class=c>correction</span> <span class=b>bonus</span>.
 In the tables {SPACE} is a space inside a token and \\n a newline.</p>
+{TREE_NOTE if any(c.get("tree") for c in traced.calls) else ""}
 {GREEDY_NOTE if greedy else ""}
 <pre>{text}</pre>
 <p><b>{st.new_tokens}</b> tokens, <b>{st.target_calls}</b> target calls

@@ -276,16 +276,21 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
 def settle(verify: VerifyFn, p, draft: Draft, rng) -> tuple[list[int], int]:
     """Step 3 of a round -> (path: the accepted drafts' node indices, token: the target's
     correction or bonus). A chain goes to `verify` (its accepted prefix is nodes 0..a-1); a tree
-    is walked by minispec.tree.verify_tree."""
+    is walked by minispec.tree.verify_tree (or by the `verify_tree` of a custom verify that has
+    one, with its signature: minispec/html_trace.py's records the walk)."""
     if draft.parents is None:
         drafts = draft.tokens.tolist()
         emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
         return list(range(len(emitted) - 1)), emitted[-1]
-    if verify is not minispec_verify:
+    if verify is minispec_verify:
+        return verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    walk = getattr(verify, "verify_tree", None)
+    if walk is None:
         raise MinispecError(f"verify: {getattr(verify, '__name__', repr(verify))} verifies "
                             "chains; this round's draft is a tree, which "
                             "minispec.tree.verify_tree verifies")
-    return verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    path, token = walk(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    return check_walk(path, token, draft.parents.tolist(), p.shape[1], verify), int(token)
 
 
 def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path: list[int],
@@ -378,6 +383,21 @@ def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
         raise MinispecError(f"verify {name}: expected the accepted prefix of the drafts "
                             f"{drafts} plus one token, got {out!r:.200}")
     return out
+
+
+def check_walk(path, token, parents: list[int], V: int, verify) -> list[int]:
+    """A custom verify_tree's path as a list, or MinispecError if it is not a path of the tree
+    from a root (nodes whose parents chain back to the context) plus one token id in 0..V-1."""
+    path = [int(c) for c in path] if isinstance(path, (list, tuple)) else None
+    ok = (path is not None and isinstance(token, (int, np.integer)) and 0 <= token < V
+          and all(0 <= c < len(parents) for c in path)
+          and all(parents[c] == (path[k - 1] if k else -1) for k, c in enumerate(path)))
+    if not ok:
+        name = getattr(verify, "__name__", repr(verify))
+        raise MinispecError(f"verify {name}: verify_tree should return (a root-to-node path of "
+                            f"the tree with parents {parents}, one token), got "
+                            f"{(path, token)!r:.200}")
+    return path
 
 
 # ---- the loop -----------------------------------------------------------------------------------

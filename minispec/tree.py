@@ -189,14 +189,17 @@ def keep_path(cache, path: list[int]) -> None:
 # ---- verification ---------------------------------------------------------------------------
 
 
-def verify_tree(p, q, tokens, parents, siblings: str, rng: np.random.Generator
-                ) -> tuple[list[int], int]:
+def verify_tree(p, q, tokens, parents, siblings: str, rng: np.random.Generator,
+                trace: list | None = None) -> tuple[list[int], int]:
     """Walk the tree from the root -> (path: the accepted nodes, root to leaf; token: the
     correction drawn from the last residual, or the bonus after a leaf).
 
     p [n+1, V]: row 0 the target's distribution after the context, row i+1 after node i.
     q [n, V]: the distribution node i was drawn from (its parent's draft distribution).
     siblings: how siblings were drawn (see the module docstring). Pure: uses only `rng`.
+    trace: a list to append the walk to, for showing it (minispec/html_trace.py): one dict per
+    child tried (node, token, s(x), r(x), the uniform u, kept: u s(x) < r(x)), then the last
+    distribution r the token was drawn from.
     """
     tokens = [int(t) for t in tokens]
     kids = children_of(parents)
@@ -208,13 +211,19 @@ def verify_tree(p, q, tokens, parents, siblings: str, rng: np.random.Generator
         for c in kids[node]:
             x = tokens[c]
             s = proposal(q[c], x, tried, siblings)
-            if rng.random() * s[x] < r[x]:  # kept with probability min(1, r(x) / s(x))
+            u = rng.random()
+            if trace is not None:
+                trace.append({"node": c, "token": x, "s": float(s[x]), "r": float(r[x]),
+                              "u": u, "kept": bool(u * s[x] < r[x])})
+            if u * s[x] < r[x]:  # kept with probability min(1, r(x) / s(x))
                 path.append(c)
                 node = c
                 break
             r = residual(r, s)
             tried.append(x)
         else:  # every child rejected (or a leaf): the target's own token
+            if trace is not None:
+                trace.append({"last": r, "rejected": bool(tried)})
             return path, sample(r, rng)
 
 

@@ -257,6 +257,17 @@ def test_html_tables_show_spaces_inside_tokens_as_the_trace_does(capsys, tmp_pat
     assert not any(" " in c for c in codes if c != "--temperature 1")
 
 
+def test_html_draws_a_tree_drafter_s_trees(capsys, tmp_path):
+    """--html with a tree drafter (it used to be refused): each tree round's tree and walk."""
+    page = tmp_path / "tree.html"
+    rc, out, _ = run(capsys, "--prompt", "def f(x):", "--max-new-tokens", 8, "--html", page,
+                     "--drafter", "medusa", "--tree", "2,2,1,1", "--temperature", 1,
+                     "--device", "cpu")
+    text = page.read_text()
+    assert rc == 0 and f"wrote {page}" in out
+    assert "over a tree of 14 nodes" in text and "<th>s(x)</th><th>r(x)</th>" in text
+
+
 def test_dtype_float16_reaches_the_models(pair, capsys, tmp_path):
     """--dtype float16 (meant for the GPU's tensor cores) loads both models in float16; greedy
     speculative output is still the target's own, and `drafters` says the dtype it ran in."""

@@ -1,7 +1,9 @@
 """--html (minispec/html_trace.py): the recorded uniforms are the ones verify drew, so each
-verdict on the page is the real one; the generation is unchanged; the page is written."""
+verdict on the page is the real one; the generation is unchanged; the page is written. The same
+for a tree drafter, whose walk minispec.tree.verify_tree records itself."""
 
 import numpy as np
+import pytest
 from conftest import tiny_config
 
 import minispec
@@ -40,3 +42,73 @@ def test_a_generation_traced_is_the_same_generation_and_its_page_is_written(tmp_
     html = page("x", out, traced, lambda ids: " ".join(map(str, ids)), "a title")
     assert html.count("<section>") == out.stats.target_calls
     assert f"<b>{out.stats.new_tokens}</b> tokens" in html and "a title" in html
+
+
+def test_a_traced_tree_walk_is_the_walk_and_each_verdict_is_its_rule():
+    """verify_tree asked to record its walk draws the same uniforms and returns the same path and
+    token; each recorded verdict is u s(x) < r(x); the kept children are the path."""
+    from minispec.tree import verify_tree
+
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        V, n = int(rng.integers(2, 6)), int(rng.integers(1, 8))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        p, q = rng.dirichlet(np.ones(V), n + 1), rng.dirichlet(np.ones(V), n)
+        tokens = [int(rng.choice(V, p=row)) for row in q]
+        siblings = ["independent", "without-replacement", "deterministic"][trial % 3]
+        plain = verify_tree(p, q, tokens, parents, siblings, np.random.default_rng(trial))
+        trace: list = []
+        gen = np.random.default_rng(trial)
+        assert verify_tree(p, q, tokens, parents, siblings, gen, trace) == plain
+        assert gen.random() == (g := np.random.default_rng(trial), verify_tree(
+            p, q, tokens, parents, siblings, g), g.random())[2]  # the same draws after it
+        *steps, last = trace
+        assert [s["node"] for s in steps if s["kept"]] == plain[0]
+        for s in steps:
+            assert s["kept"] == (s["u"] * s["s"] < s["r"]) and s["token"] == tokens[s["node"]]
+        assert last["last"][plain[1]] > 0
+
+
+def test_a_tree_drafter_traced_is_the_same_generation_and_its_page_shows_the_trees():
+    from minispec.drafters.tree_model import TreeModelDrafter
+
+    kw = {"gamma": 3, "max_new_tokens": 20, "temperature": 1.0, "seed": 5}
+    plain = minispec.speculative_generate(TARGET, TreeModelDrafter(TARGET, DRAFT, (2, 2, 1)),
+                                          [3, 17, 5], **kw)
+    traced = TracedVerify()
+    out = minispec.speculative_generate(TARGET, TreeModelDrafter(TARGET, DRAFT, (2, 2, 1)),
+                                        [3, 17, 5], verify=traced, **kw)
+    assert out.tokens == plain.tokens and len(traced.calls) == out.stats.target_calls
+    trees = [(rd, call) for rd, call in zip(out.stats.rounds, traced.calls) if call.get("tree")]
+    assert len(trees) >= out.stats.target_calls - 2  # near the end a round may draft a chain
+    for rd, call in trees:
+        assert len(call["path"]) == rd.accepted and call["final"] == rd.emitted[-1]
+        assert [call["tokens"][c] for c in call["path"]] == rd.emitted[:rd.accepted]
+    html = page("x", out, traced, lambda ids: " ".join(map(str, ids)), "a title")
+    assert html.count("<section>") == out.stats.target_calls
+    assert html.count("over a tree of") == len(trees) and "A <b>tree</b> round" in html
+
+
+def test_a_custom_tree_walk_is_checked():
+    """A custom verify's verify_tree runs in the loop; what it returns is checked (a path of
+    the tree from a root, one token), and one without verify_tree meets a tree with an error."""
+    from minispec.drafters.tree_model import TreeModelDrafter
+    from minispec.errors import MinispecError
+
+    def chain_only(p, q, d, rng):
+        return minispec.verify(p, q, d, rng)
+
+    class BadWalk:
+        __name__ = "bad_walk"
+
+        def __call__(self, p, q, d, rng):
+            return minispec.verify(p, q, d, rng)
+
+        def verify_tree(self, p, q, tokens, parents, siblings, rng):
+            return [1, 0], 0  # node 1 is not node 0's child in a 2,2,1 tree
+
+    for verify, says in [(chain_only, "verifies chains"), (BadWalk(), "bad_walk")]:
+        with pytest.raises(MinispecError, match=says):
+            minispec.speculative_generate(TARGET, TreeModelDrafter(TARGET, DRAFT, (2, 2, 1)),
+                                          [3, 17, 5], gamma=3, max_new_tokens=5,
+                                          temperature=1.0, seed=0, verify=verify)
