@@ -388,7 +388,8 @@ def check_text(text: str, source: str) -> None:
 
 
 def render_trace(rounds, decode, color: bool) -> str:
-    """One line per round: accepted drafts, rejected drafts, then the correction or bonus token."""
+    """One line per round: accepted drafts, rejected drafts (of a tree, how many nodes were not
+    kept), then the correction or bonus token."""
 
     def paint(text: str, code: str, plain: str) -> str:
         return f"{code}{text}{RESET}" if color else plain.format(text)
@@ -399,7 +400,12 @@ def render_trace(rounds, decode, color: bool) -> str:
         kept = r.emitted[: r.accepted]
         parts = [paint(show_token(decode, t), GREEN, "{}") for t in kept]
         if len(r.emitted) > r.accepted:
-            parts += [paint(show_token(decode, t), RED, "~{}~") for t in r.drafted[r.accepted :]]
+            if 0 < r.depth < len(r.drafted):  # a tree: its nodes off the path, counted
+                n = len(r.drafted) - r.accepted
+                parts.append(paint(f"{n} other node{'s' * (n != 1)}", RED, "~{}~"))
+            else:
+                parts += [paint(show_token(decode, t), RED, "~{}~")
+                          for t in r.drafted[r.accepted :]]
             last = show_token(decode, r.emitted[-1])
             parts.append(paint(last, YELLOW, "[+{}]") if r.kind == "bonus"
                          else paint(last, CYAN, "[->{}]"))

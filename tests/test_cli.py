@@ -417,6 +417,12 @@ def test_the_no_color_trace_shows_spaces_inside_tokens():
               gamma=3, draft_seconds=0.0, verify_seconds=0.0, stopped=False)
     line = render_trace([r], lambda ids: "".join(pieces[i] for i in ids), False).splitlines()[1]
     assert line == "round   1 | ·= ·self ~file~ [->\\n]"  # was "file  =  self": unreadable
+    # a tree round (more nodes than its depth): its nodes off the kept path are counted, not
+    # listed as if they were the chain after the kept ones
+    tree = Round(drafted=[1, 2, 0, 2, 0], accepted=2, token=3, kind="correction",
+                 emitted=[1, 2, 3], gamma=3, depth=3)
+    line = render_trace([tree], lambda ids: "".join(pieces[i] for i in ids), False)
+    assert line.splitlines()[1] == "round   1 | ·= ·self ~3 other nodes~ [->\\n]"
 
 
 def test_shipped_names_and_reports_without_machine_paths():
