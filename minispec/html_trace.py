@@ -99,11 +99,10 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
         kids, depth = children_of(call["parents"]), depths(call["parents"])
         verdict = {s["node"]: s["kept"] for s in call["steps"]}
 
-        def nodes(parent: int) -> str:
+        def nodes(parent: int) -> str:  # parent's children as a nested list
             items = "".join(
-                f"<li><span class={cls}>{tok(call['tokens'][c])}</span>{nodes(c)}</li>"
-                for c in kids[parent]
-                for cls in [{True: "k", False: "x"}.get(verdict.get(c), "u")])
+                f"<li><span class={ {True: 'k', False: 'x'}.get(verdict.get(c), 'u') }>"
+                f"{tok(call['tokens'][c])}</span>{nodes(c)}</li>" for c in kids[parent])
             return f"<ul>{items}</ul>" if items else ""
 
         said = {True: "kept (u&middot;s &lt; r)", False: "rejected (u&middot;s &ge; r)"}
@@ -114,18 +113,20 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
         return (f"<div class=tree>{nodes(-1)}</div><table><tr><th>depth</th><th>child x</th>"
                 f"<th>s(x)</th><th>r(x)</th><th>u</th><th>verdict</th></tr>{rows}</table>")
 
+    def section(n: int, rd, call, over: str, body: str, kind: str) -> str:
+        top = ", ".join(f"{tok(t)} {pr:.3f}" for t, pr in call["top"])
+        return (f"<section><h2>round {n}: {len(rd.emitted)} token"
+                f"{'s' * (len(rd.emitted) != 1)} from one target call{over}</h2>{body}"
+                f"<p class={'corr' if call['rejected'] else 'bonus'}>{kind}: {tok(call['final'])}"
+                f" (probability {call['final_prob']:.3f}); most likely: {top}</p></section>")
+
     rounds = []
     for n, (rd, call) in enumerate(zip(result.stats.rounds, traced.calls), 1):
         if call.get("tree"):
             kind = ("correction, from r after every child was rejected" if call["rejected"]
                     else "bonus, from p after the leaf")
-            top = ", ".join(f"{tok(t)} {pr:.3f}" for t, pr in call["top"])
-            rounds.append(
-                f"<section><h2>round {n}: {len(rd.emitted)} token{'s' * (len(rd.emitted) != 1)} "
-                f"from one target call over a tree of {len(call['tokens'])} nodes</h2>"
-                f"{tree_section(call)}<p class={'corr' if call['rejected'] else 'bonus'}>{kind}: "
-                f"{tok(call['final'])} (probability {call['final_prob']:.3f}); most likely: "
-                f"{top}</p></section>")
+            rounds.append(section(n, rd, call, f" over a tree of {len(call['tokens'])} nodes",
+                                  tree_section(call), kind))
             continue
         rows = "".join(
             f"<tr class={'kept' if s['kept'] else 'rejected'}><td>{tok(s['token'])}</td>"
@@ -137,15 +138,10 @@ def page(prompt: str, result, traced: TracedVerify, decode, title: str,
                    f"{' '.join(tok(t) for t in untested)}</p>" if untested else "")
         kind = "correction, from norm(max(0, p - q))" if call["rejected"] else (
             "bonus, from p after the last draft" if rd.drafted else "the target's own token")
-        top = ", ".join(f"{tok(t)} {pr:.3f}" for t, pr in call["top"])
         table = (f"<table><tr><th>draft x</th><th>q(x)</th><th>p(x)</th><th>r</th>"
                  f"<th>verdict</th></tr>{rows}</table>" if rows else "<p class=note>no drafts "
                  "this round</p>")
-        rounds.append(
-            f"<section><h2>round {n}: {len(rd.emitted)} token{'s' * (len(rd.emitted) != 1)} "
-            f"from one target call</h2>{table}{skipped}"
-            f"<p class={'corr' if call['rejected'] else 'bonus'}>{kind}: {tok(call['final'])} "
-            f"(probability {call['final_prob']:.3f}); most likely: {top}</p></section>")
+        rounds.append(section(n, rd, call, "", table + skipped, kind))
     st = result.stats
     text = html.escape(prompt) + "".join(
         f"<span class=k>{html.escape(decode(rd.emitted[: rd.accepted]))}</span>"
