@@ -388,9 +388,14 @@ def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
 def check_walk(path, token, parents: list[int], V: int, verify) -> list[int]:
     """A custom verify_tree's path as a list, or MinispecError if it is not a path of the tree
     from a root (nodes whose parents chain back to the context) plus one token id in 0..V-1."""
-    path = [int(c) for c in path] if isinstance(path, (list, tuple)) else None
-    ok = (path is not None and isinstance(token, (int, np.integer)) and 0 <= token < V
-          and all(0 <= c < len(parents) for c in path)
+    def whole(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if isinstance(path, np.ndarray) and path.ndim == 1:
+        path = path.tolist()
+    path = list(path) if isinstance(path, (list, tuple)) else None
+    ok = (path is not None and whole(token) and 0 <= token < V
+          and all(whole(c) and 0 <= c < len(parents) for c in path)
           and all(parents[c] == (path[k - 1] if k else -1) for k, c in enumerate(path)))
     if not ok:
         name = getattr(verify, "__name__", repr(verify))

@@ -112,3 +112,16 @@ def test_a_custom_tree_walk_is_checked():
             minispec.speculative_generate(TARGET, TreeModelDrafter(TARGET, DRAFT, (2, 2, 1)),
                                           [3, 17, 5], gamma=3, max_new_tokens=5,
                                           temperature=1.0, seed=0, verify=verify)
+
+
+def test_check_walk_takes_a_root_to_node_path_and_one_token():
+    from minispec.errors import MinispecError
+    from minispec.speculative import check_walk
+
+    parents = [-1, 0, 0, 1]  # 0 under the context, 1 and 2 under 0, 3 under 1
+    assert check_walk([0, 1, 3], 4, parents, 5, None) == [0, 1, 3]
+    assert check_walk(np.array([0, 2]), np.int64(1), parents, 5, None) == [0, 2]
+    assert check_walk((), 0, parents, 5, None) == []  # every child of the context rejected
+    for path, token in [([1], 3), ([0, 3], 2), ([0], 5), ([0], True), ([0.0], 1), (None, 1)]:
+        with pytest.raises(MinispecError, match="root-to-node path"):
+            check_walk(path, token, parents, 5, None)
