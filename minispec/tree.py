@@ -212,10 +212,11 @@ def verify_tree(p, q, tokens, parents, siblings: str, rng: np.random.Generator,
             x = tokens[c]
             s = proposal(q[c], x, tried, siblings)
             u = rng.random()
+            kept = bool(u * s[x] < r[x])  # kept with probability min(1, r(x) / s(x))
             if trace is not None:
                 trace.append({"node": c, "token": x, "s": float(s[x]), "r": float(r[x]),
-                              "u": u, "kept": bool(u * s[x] < r[x])})
-            if u * s[x] < r[x]:  # kept with probability min(1, r(x) / s(x))
+                              "u": u, "kept": kept})
+            if kept:
                 path.append(c)
                 node = c
                 break
