@@ -11,11 +11,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minispec import cuda_graphs  # noqa: E402
+from minispec.core.speculative import autoregressive_generate, speculative_generate  # noqa: E402
 from minispec.drafters import make_drafter  # noqa: E402
 from minispec.loader import load  # noqa: E402
 from minispec.measure import harness  # noqa: E402
 from minispec.shipped import shipped_dir  # noqa: E402
-from minispec.speculative import autoregressive_generate, speculative_generate  # noqa: E402
 
 N = 64
 d = shipped_dir()

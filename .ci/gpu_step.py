@@ -48,13 +48,13 @@ for k in (1, 5):
     ids = (np.arange(CONTEXT + k) % 256 + 3).tolist()
     runs = {}
     for name, g in variants.items():
-        model.step_graphs = g
+        cuda_graphs.use(model, g)
         cache = model.new_cache(CONTEXT + k)
         model.forward(ids[:CONTEXT], cache)
         runs[name] = (g, cache, [], [])
     for i in range(REPS + 3):
         for name, (g, cache, wall, host) in runs.items():
-            model.step_graphs = g
+            cuda_graphs.use(model, g)
             cp.cuda.Device().synchronize()
             t0 = time.perf_counter()
             logits = model.forward(ids[CONTEXT:], cache)
@@ -67,7 +67,7 @@ for k in (1, 5):
             cache.rollback(CONTEXT)
     ref = None
     for name, (g, cache, wall, host) in runs.items():
-        model.step_graphs = g
+        cuda_graphs.use(model, g)
         logits = cp.asnumpy(model.forward(ids[CONTEXT:], cache))
         cache.rollback(CONTEXT)
         err = "" if ref is None else f", logits vs head plain {np.abs(logits - ref).max():.2e}"
@@ -76,14 +76,14 @@ for k in (1, 5):
               f"{median(host) * 1e3:6.3f} ms), {floor / median(wall):5.1%} of the floor{err}")
     # GPU time alone, by events
     g, cache = runs["head graphed"][0], runs["head graphed"][1]
-    model.step_graphs = g
+    cuda_graphs.use(model, g)
     model.forward(ids[CONTEXT:], cache)
     cache.rollback(CONTEXT)
     layer_graph = next(v for (ck, t), v in g.graphs.items() if t == k and ck == id(cache.k))
     h = model.hidden(ids[CONTEXT:], cache)
     cache.rollback(CONTEXT)
     head_graph = g.heads[k]
-    model.step_graphs = None
+    cuda_graphs.use(model, None)
     print(f"k={k} GPU time: layers' graph {events_ms(layer_graph.graph.launch):.3f} ms, head's "
           f"graph {events_ms(head_graph.graph.launch):.3f} ms, plain head "
           f"{events_ms(lambda: model.head(h)):.3f} ms")

@@ -12,14 +12,11 @@ from norm(max(0, p - q)): the output follows the target's distribution exactly (
     print(target.tokenizer.decode(out.tokens), out.stats.acceptance_rate)
 """
 
-from .batch import generate_batch
 from .config import ModelConfig
-from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, make_drafter
-from .errors import MinispecError
-from .loader import load, random_model
-from .model import KVCache, Model
-from .sampling import Sampling, sample, warp
-from .speculative import (
+from .core.drafter import Draft, Drafter, ModelDrafter, NoDrafter
+from .core.model import KVCache, Model
+from .core.sampling import Sampling, sample, warp
+from .core.speculative import (
     GenerationResult,
     Request,
     Stats,
@@ -27,7 +24,9 @@ from .speculative import (
     generate,
     speculative_generate,
 )
-from .verify import verify
+from .core.verify import verify
+from .errors import MinispecError
+from .loader import load, random_model
 
 __version__ = "0.1.0"
 
@@ -55,3 +54,17 @@ __all__ = [
     "verify",
     "warp",
 ]
+
+# Built around the core, imported when first used: importing the lesson (minispec.core) loads
+# none of them (tests/test_core.py).
+_EXTENSIONS = {"generate_batch": ("batch", "generate_batch"),
+               "make_drafter": ("drafters", "make_drafter")}
+
+
+def __getattr__(name: str):
+    if name in _EXTENSIONS:
+        import importlib
+
+        module, attr = _EXTENSIONS[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    raise AttributeError(f"module 'minispec' has no attribute {name!r}")

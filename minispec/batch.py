@@ -11,10 +11,10 @@ costs and the acceptance seen so far.
     results = generate_batch(target, draft, prompts, gamma="load-aware", max_new_tokens=64,
                              temperature=0)
 
-Each sequence is its own speculative decoding (the round of minispec/speculative.py, for B
+Each sequence is its own speculative decoding (the round of minispec/core/speculative.py, for B
 sequences at once): its own accepted prefix, KV cache, random stream and stop reason; the
 drafter drafts for every live sequence in one call per draft step and the target verifies them
-all in one call (minispec/batched.py). A finished sequence leaves the batch; `BatchDecoder`
+all in one call (minispec/batch_forward.py). A finished sequence leaves the batch; `BatchDecoder`
 lets new ones join between rounds (continuous batching).
 
 Random streams: sequence i of a batch draws every random number from
@@ -28,6 +28,7 @@ rounds already verified).
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Sequence
@@ -35,28 +36,83 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .batched import batch_head, batch_hidden
-from .drafters import Drafter, NoDrafter
-from .errors import MinispecError
-from .model import Model
-from .sampling import Sampling
-from .speculative import (
+from .batch_forward import batch_head, batch_hidden
+from .core.drafter import Drafter, ModelDrafter, NoDrafter
+from .core.model import Model
+from .core.sampling import Sampling
+from .core.speculative import (
     GenerationResult,
     Request,
     Stats,
     as_drafter,
-    check_draft,
     check_prompt,
     expected_tokens_per_call,
-    finish_round,
     gamma_label,
     gamma_policy,
     generation_result,
     make_warp,
     new_target_cache,
-    settle,
 )
-from .verify import verify as minispec_verify
+from .core.verify import verify as minispec_verify
+from .drafters import draft_model
+from .errors import MinispecError
+from .tree import TreeDrafter, check_draft, finish_round, hidden_tree, settle
+
+# ---- a drafter's round, for a batch ----------------------------------------------------------
+# A drafter serves a batch through the same contract (minispec/core/drafter.py): each sequence
+# has its own copy of the batch's drafter (a shallow copy sharing weights and settings), which
+# `start` gives state of its own. Two optional methods let a drafter serve the whole batch in
+# fewer calls, propose_batch and target_forward_batch (EarlyExitDrafter has both); a draft model
+# drafts for every sequence in one call per step (minispec/drafters/draft_model.py).
+
+
+def propose_batch(drafter: Drafter, drafters: list[Drafter], contexts, gammas, warp, rngs):
+    """`propose` for each sequence of a batch (drafters: their copies of `drafter`)."""
+    if hasattr(drafter, "propose_batch"):
+        return drafter.propose_batch(drafters, contexts, gammas, warp, rngs)
+    if isinstance(drafter, ModelDrafter) and type(drafter).propose in (
+            ModelDrafter.propose, draft_model.TunedModelDrafter.propose):
+        return draft_model.propose_batch(drafters, contexts, gammas, warp, rngs)
+    return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
+
+
+def target_forward_batch(drafter: Drafter, drafters: list[Drafter], prefixes, drafts,
+                         caches) -> list:
+    """`target_forward` for each sequence of a batch -> one hidden [m_b + n_b, D] each: every
+    chain in one batched target call (minispec/batch_forward.py), a tree on its own."""
+    if hasattr(drafter, "target_forward_batch"):
+        return drafter.target_forward_batch(drafters, prefixes, drafts, caches)
+    if type(drafter).target_forward not in (Drafter.target_forward, TreeDrafter.target_forward):
+        return [d.target_forward(p, t, c) for d, p, t, c in
+                zip(drafters, prefixes, drafts, caches)]
+    return batched_target_forward(drafter.target, prefixes, drafts, caches)
+
+
+def batched_target_forward(target: Model, prefixes, drafts, caches) -> list:
+    """The default `target_forward_batch`: the chains of every sequence in one call of
+    `target`, each tree in a call of its own."""
+    chains = [b for b, t in enumerate(drafts) if t.parents is None]
+    out = [None] * len(drafts)
+    fed = [prefixes[b] + drafts[b].tokens.tolist() for b in chains]
+    hs = batch_hidden(target, fed, [caches[b] for b in chains]) if chains else []
+    for b, h in zip(chains, hs):
+        caches[b].length -= len(drafts[b].tokens)
+        out[b] = h
+    for b, t in enumerate(drafts):
+        if t.parents is not None:
+            out[b] = hidden_tree(target, prefixes[b], t.tokens, t.parents, caches[b])
+    return out
+
+
+def draft_step(drafter: Drafter):
+    """What one draft step of `drafter` runs, for timing (`calibrate`, minispec/measure/):
+    (model, layers), the model's first `layers` layers (None: all) and its head, or None for a
+    drafter without a forward call."""
+    if isinstance(drafter, ModelDrafter):
+        return drafter.model, None
+    own = getattr(drafter, "draft_step", None)
+    return own() if own is not None else None
+
 
 # ---- the load-aware policy ---------------------------------------------------------------------
 
@@ -166,7 +222,7 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
     call; the fastest time is kept (interference only ever adds time), then made monotone: a
     cost is raised to the largest kept for fewer tokens or a smaller batch.
     """
-    from .batched import batch_embed, batch_run_layers
+    from .batch_forward import batch_embed, batch_run_layers
 
     context = min(context, target.config.max_position_embeddings - max_k)
     ids = (np.arange(context + max_k) % min(target.vocab_size, 256)).tolist()
@@ -259,7 +315,7 @@ class BatchDecoder:
         if isinstance(gamma, str) and gamma == "load-aware":
             if costs is None:
                 # what one draft step runs, asked of the drafter: (model, layers) or None
-                model, layers = self.drafter.draft_step() or (None, None)
+                model, layers = draft_step(self.drafter) or (None, None)
                 costs = calibrate(target, model, draft_layers=layers,
                                   batch_sizes=batch_sizes_up_to(int(max_batch or 32)))
             self.load_aware = LoadAwareGamma(costs)
@@ -276,7 +332,8 @@ class BatchDecoder:
         rng = np.random.default_rng(request.seed) if rng is None else rng
         cache = new_target_cache(self.target, len(prompt), max_new)
         policy = None if self.load_aware else gamma_policy(self.gamma, least=0)
-        drafter = self.drafter.fork()
+        drafter = copy.copy(self.drafter)  # the same weights and settings; start gives it
+        # per-sequence state of its own
         drafter.start(list(prompt), cache)
         stats = Stats(self.drafter.name, gamma_label(self.gamma, self.gamma))
         self.live.append(_Sequence(slot, prompt, list(prompt), max_new, request.eos_token_ids,
@@ -298,13 +355,13 @@ class BatchDecoder:
             gammas = [min(s.policy.gamma, s.left - 1) for s in seqs]
         drafters = [s.drafter for s in seqs]
         t0 = time.perf_counter()
-        drafts = self.drafter.propose_batch(drafters, [s.context for s in seqs], gammas,
-                                            self.warp, [s.rng for s in seqs])
+        drafts = propose_batch(self.drafter, drafters, [s.context for s in seqs], gammas,
+                               self.warp, [s.rng for s in seqs])
         drafts = [check_draft(d, g, self.drafter, room=s.cache.max_len - len(s.context))
                   for d, g, s in zip(drafts, gammas, seqs)]
         t1 = time.perf_counter()
-        hidden = self.drafter.verify_forward_batch(
-            drafters, [s.context[s.cache.length:] for s in seqs], drafts,
+        hidden = target_forward_batch(
+            self.drafter, drafters, [s.context[s.cache.length:] for s in seqs], drafts,
             [s.cache for s in seqs])  # one target call for every sequence's chain
         logits = batch_head(self.target, hidden, [len(d.tokens) + 1 for d in drafts])
         done = []

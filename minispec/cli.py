@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backend import set_blas_threads
+from .core.sampling import Sampling
+from .core.speculative import Request
 from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
-from .sampling import Sampling
 from .shipped import SHIPPED, resolve  # weights/ in a checkout, or the copy a wheel installed
-from .speculative import Request
 from .tokenizer import SPACE, show_token
 
 GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
@@ -289,8 +289,8 @@ class Session:
                                  copy=s.copy if s.drafter == "eagle" else None)
 
     def generate(self, ids: list[int], speculative: bool, on_round=None, verify=None):
+        from .core.speculative import generate
         from .drafters import NoDrafter
-        from .speculative import generate
 
         s = self.settings
         request = Request(s.max_new_tokens, self.target.config.eos_token_ids, s.seed)

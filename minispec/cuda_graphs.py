@@ -39,8 +39,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .core.model import KVCache, Model, attention, gelu_new, linear, mlp, norm, rope
 from .errors import MinispecError
-from .model import attention, gelu_new, linear, mlp, norm, rope
 from .tree import tree_mask
 
 # ------------------------------------------------------------------------------------------------
@@ -674,7 +674,7 @@ class StepGraphs:
     def new_cache(self, max_len=None):
         """Model.new_cache, reusing the arrays of a cache that is gone: its graphs then serve
         the new one (a graph is tied to the arrays it was captured on)."""
-        cache = self.model.plain_new_cache(max_len)
+        cache = Model.new_cache(self.model, max_len)  # fresh zeros, then reused arrays
         free = self._free.get(cache.k.shape)
         if free:
             cache.k, cache.v = free.pop()
@@ -787,9 +787,46 @@ class StepGraphs:
         return graph, out
 
 
+class GraphedModel(Model):
+    """A Model whose calls of a few tokens replay CUDA graphs (`step_graphs`, a StepGraphs);
+    everything a graph does not serve takes the plain path. enable() makes a Model one, in
+    place: the model's own forward pass (minispec/core/model.py) knows nothing of graphs."""
+
+    step_graphs = None
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """Model.new_cache, reusing a finished cache's arrays and their graphs."""
+        if self.step_graphs is None:
+            return super().new_cache(max_len)
+        return self.step_graphs.new_cache(max_len)
+
+    def head(self, h, lm_head=None):
+        """Model.head, a replayed graph for a few rows."""
+        if lm_head is None and self.step_graphs is not None:
+            logits = self.step_graphs.head(h)
+            if logits is not None:
+                return logits
+        return super().head(h, lm_head)
+
+    def hidden(self, tokens, cache: KVCache):
+        """Model.hidden, a replayed graph for a few tokens."""
+        if self.step_graphs is not None:
+            h = self.step_graphs.hidden(tokens, cache)
+            if h is not None:
+                return h
+        return super().hidden(tokens, cache)
+
+
+def use(model, graphs: StepGraphs | None) -> None:
+    """Serve `model`'s calls from `graphs` (a GraphedModel from now on), or None: the plain
+    path (a Model again)."""
+    model.__class__ = Model if graphs is None else GraphedModel
+    model.step_graphs = graphs
+
+
 def enable(model, **kw) -> StepGraphs:
-    """Make Model.hidden replay CUDA graphs for calls of a few tokens (see StepGraphs)."""
-    model.step_graphs = StepGraphs(model, **kw)
+    """Make the model's calls of a few tokens replay CUDA graphs (see StepGraphs)."""
+    use(model, StepGraphs(model, **kw))
     return model.step_graphs
 
 
@@ -802,4 +839,4 @@ def enable_where_supported(*models) -> None:
 
 def disable(model) -> None:
     """Back to the plain path."""
-    model.step_graphs = None
+    use(model, None)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .core.speculative import autoregressive_generate, speculative_generate
 from .drafters import make_drafter
 from .loader import load
-from .speculative import autoregressive_generate, speculative_generate
 
 Generate = Callable[..., list]
 GAMMA = 3  # drafts per round of minispec's speculative generators

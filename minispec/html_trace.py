@@ -18,10 +18,10 @@ import html
 
 import numpy as np
 
+from .core.verify import verify as minispec_verify
 from .tokenizer import SPACE, show_token
 from .tree import children_of, depths
 from .tree import verify_tree as minispec_verify_tree
-from .verify import verify as minispec_verify
 
 
 class TracedVerify:

@@ -20,8 +20,8 @@ import numpy as np
 from . import shipped
 from .backend import get_backend, to_host
 from .config import ModelConfig, read_config, read_json
+from .core.model import Model
 from .errors import MinispecError
-from .model import Model
 from .safetensors import SUPPORTED, Checkpoint, save_file
 from .tokenizer import Tokenizer
 

@@ -1,5 +1,8 @@
 """Trees of drafts: several candidates per position, scored in one target call, verified
-losslessly. A reader of the chain (speculative.py, verify.py) can skip this file.
+losslessly. A reader of the chain (minispec/core/) can skip this file: the core never imports
+it. A drafter that proposes trees subclasses `TreeDrafter`, whose `round` (`tree_round`) the
+loop plays instead of the chain round: the same six steps, with the tree's one target call and
+its walk in place of steps 2 and 3.
 
 A tree draft is n nodes: tokens [n], parents [n] (parents[i] < i is node i's parent, -1 for a
 child of the last context token) and q [n, V], the distribution node i was drawn from. A chain
@@ -44,11 +47,15 @@ it goes, then emits the target's own token.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from .core import speculative as chain
+from .core.drafter import Draft, Drafter
+from .core.model import block, causal_mask
+from .core.sampling import sample
 from .errors import MinispecError
-from .model import block, causal_mask
-from .sampling import sample
 
 SIBLINGS = ("independent", "without-replacement", "deterministic")
 
@@ -87,6 +94,137 @@ def check_tree(tokens, parents, q, siblings: str, V: int, who: str) -> None:
         raise MinispecError(f"{who}: q must be [n, V] = [{n}, {V}], got {np.shape(q)}")
 
 
+# ---- the round, for drafters whose drafts may be trees -------------------------------------
+
+
+def tree_round(drafter: Drafter, context: list[int], cache, gamma: int, warp, verify,
+               rng: np.random.Generator, eos: tuple[int, ...]) -> chain.Round:
+    """minispec.core.speculative.speculative_round for a draft that may be a tree: draft, one
+    target call over every node, walk the tree (`settle`), keep the accepted path."""
+    t0 = time.perf_counter()
+    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter,
+                        room=cache.max_len - len(context))
+    t1 = time.perf_counter()
+    hidden = drafter.target_forward(context[cache.length:], draft, cache)  # [m + n, D]
+    p = warp(drafter.target.head(hidden[-len(draft.tokens) - 1:]))  # [n+1, V]
+    path, token = settle(verify, p, draft, rng)
+    r = finish_round(drafter, context, cache, draft, path, token, hidden, eos)
+    r.gamma, r.draft_seconds, r.verify_seconds = gamma, t1 - t0, time.perf_counter() - t1
+    return r
+
+
+def settle(verify, p, draft: Draft, rng) -> tuple[list[int], int]:
+    """Step 3 of a round -> (path: the accepted drafts' node indices, token: the target's
+    correction or bonus). A chain goes to `verify` (its accepted prefix is nodes 0..a-1); a tree
+    is walked by `verify_tree` (or by the `verify_tree` of a custom verify that has one, with
+    its signature: minispec/html_trace.py's records the walk)."""
+    if draft.parents is None:
+        accepted, token = chain.settle(verify, p, draft, rng)
+        return list(range(accepted)), token
+    if verify is chain.verify:
+        return verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    walk = getattr(verify, "verify_tree", None)
+    if walk is None:
+        raise MinispecError(f"verify: {getattr(verify, '__name__', repr(verify))} verifies "
+                            "chains; this round's draft is a tree, which "
+                            "minispec.tree.verify_tree verifies")
+    path, token = walk(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
+    return check_walk(path, token, draft.parents.tolist(), p.shape[1], verify), int(token)
+
+
+def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path: list[int],
+                 token: int, hidden, eos: tuple[int, ...]) -> chain.Round:
+    """Steps 4-6 of a round, chain or tree (each sequence of a batch too): the target's cache
+    keeps the accepted path, then minispec.core.speculative.end_round."""
+    if draft.parents is None:
+        return chain.finish_round(drafter, context, cache, draft, len(path), token, hidden, eos)
+    m = hidden.shape[0] - len(draft.tokens)  # the context tokens the call fed before the nodes
+    keep_path(cache, path)
+    emitted = [int(draft.tokens[i]) for i in path] + [int(token)]
+    depth = int(depths(draft.parents).max(initial=-1)) + 1
+    leaf = not children_of(draft.parents)[path[-1] if path else -1]
+    return chain.end_round(drafter, context, draft.tokens.tolist(), emitted,
+                           kept_rows(hidden, m, path, drafter.target.xp), eos, depth, leaf)
+
+
+def kept_rows(hidden, m: int, path: list[int], xp):
+    """The rows of the verify call's hidden states [m + n, D] that were kept: the m context
+    rows, then the accepted path's nodes (for a chain, simply the first m + len(path) rows)."""
+    if path == list(range(len(path))):
+        return hidden[: m + len(path)]
+    return hidden[xp.asarray(np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)]))]
+
+
+def check_draft(draft, gamma: int, drafter, room: int | None = None) -> Draft:
+    """The drafter's proposal, checked: a chain (minispec.core.speculative.check_draft), or a
+    tree at most gamma deep, pruned to its first `room` nodes when the cache has no room for
+    more. A tree shaped like a chain is returned as the chain. MinispecError names the drafter
+    and what it returned."""
+    if not isinstance(draft, Draft) or draft.parents is None:
+        return chain.check_draft(draft, gamma, drafter)
+    who = f"drafter {drafter.name!r}"
+    tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
+    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
+        raise MinispecError(f"{who}: draft tokens must be a 1-D integer array [n], got shape "
+                            f"{tokens.shape} dtype {tokens.dtype}")
+    n = tokens.shape[0]
+    check_tree(tokens, draft.parents, q, draft.siblings, V, who)  # gamma bounds its depth
+    parents = np.asarray(draft.parents, dtype=np.int64)
+    if n and depths(parents).max() >= gamma:
+        raise MinispecError(f"{who}: the tree must be at most gamma = {gamma} deep")
+    if n and (tokens.min() < 0 or tokens.max() >= V):
+        raise MinispecError(f"{who}: draft token ids must be in 0..{V - 1}, got "
+                            f"{tokens.tolist()!r:.200}")
+    tokens = tokens.astype(np.int64, copy=False)
+    if np.array_equal(parents, np.arange(n) - 1):  # a chain
+        if draft.siblings == "deterministic":  # proposed with certainty
+            q = np.zeros_like(q, dtype=np.float64)
+            q[np.arange(n), tokens] = 1.0
+        return Draft(tokens, q)
+    if room is not None and n > room:  # near the cache's end: the first nodes only (a prefix of
+        tokens, q, parents = tokens[:room], q[:room], parents[:room]  # the list is a tree)
+    return Draft(tokens, q, parents, draft.siblings)
+
+
+def check_walk(path, token, parents: list[int], V: int, verify) -> list[int]:
+    """A custom verify_tree's path as a list, or MinispecError if it is not a path of the tree
+    from a root (nodes whose parents chain back to the context) plus one token id in 0..V-1."""
+    def whole(x) -> bool:
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+    if isinstance(path, np.ndarray) and path.ndim == 1:
+        path = path.tolist()
+    path = list(path) if isinstance(path, (list, tuple)) else None
+    ok = (path is not None and whole(token) and 0 <= token < V
+          and all(whole(c) and 0 <= c < len(parents) for c in path)
+          and all(parents[c] == (path[k - 1] if k else -1) for k, c in enumerate(path)))
+    if not ok:
+        name = getattr(verify, "__name__", repr(verify))
+        raise MinispecError(f"verify {name}: verify_tree should return (a root-to-node path of "
+                            f"the tree with parents {parents}, one token), got "
+                            f"{(path, token)!r:.200}")
+    return path
+
+
+class TreeDrafter(Drafter):
+    """The base of a drafter that proposes trees (a Draft with parents) as well as chains: the
+    loop plays `tree_round` for it, and its target call lays a tree out in one call."""
+
+    round = staticmethod(tree_round)
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        """Draft continuing `context`: a chain of g <= gamma tokens, or a tree at most gamma
+        deep (Draft with parents and siblings, see the module docstring)."""
+        raise NotImplementedError(f"{type(self).__name__}.propose")
+
+    def target_forward(self, prefix: list[int], draft: Draft, cache):
+        """Drafter.target_forward, for a tree too: node i's row in len(prefix) + i, its keys and
+        values in slot cache.length + i until `keep_path` keeps the accepted ones."""
+        if draft.parents is None:
+            return super().target_forward(prefix, draft, cache)
+        return hidden_tree(self.target, prefix, draft.tokens, draft.parents, cache)
+
+
 # ---- the one target call over a tree --------------------------------------------------------
 
 
@@ -104,8 +242,9 @@ def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0)
                           np.asarray(tokens, dtype=np.int64)[done:]])  # [T]
     if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
         raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
-    if model.step_graphs is not None and not done:  # on the GPU: a replayed graph, if it serves
-        h = model.step_graphs.hidden_tree(ids, parents, len(prefix), cache)
+    graphs = getattr(model, "step_graphs", None)  # on the GPU (minispec/cuda_graphs.py)
+    if graphs is not None and not done:  # a replayed graph, if it serves
+        h = graphs.hidden_tree(ids, parents, len(prefix), cache)
         if h is not None:
             return h
     positions = tree_positions(cache.length + len(prefix), parents, len(prefix), done)

@@ -5,10 +5,11 @@ draws its tokens greedily but reports the sampling q."""
 import numpy as np
 
 import minispec
-from minispec.sampling import sample
+from minispec.core.sampling import sample
+from minispec.tree import TreeDrafter
 
 
-class LookupTree(minispec.Drafter):
+class LookupTree(TreeDrafter):
     """Two children of the context drawn without replacement from the draft model's q, each
     with one child drawn from q after it: a tree written against the public contract only."""
 

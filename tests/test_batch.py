@@ -19,11 +19,11 @@ from minispec.batch import (
     calibrate,
     generate_batch,
 )
-from minispec.batched import batch_head, batch_hidden
+from minispec.batch_forward import batch_head, batch_hidden
+from minispec.core.sampling import warp
 from minispec.drafters import ModelDrafter
 from minispec.loader import random_model
 from minispec.measure.harness import expected_tokens_per_call
-from minispec.sampling import warp
 
 TOL = 2e-5
 TARGET = random_model(tiny_config(max_position_embeddings=96, n_layers=4), seed=0, scale=0.5)

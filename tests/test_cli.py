@@ -167,13 +167,12 @@ def test_a_capped_length_is_said(pair, capsys):
     assert rc == 0 and "is capped" in err and "max_new_tokens 100000" in err
 
 
-def test_every_flag_the_readme_shows_exists():
+def test_every_flag_the_docs_show_exists():
     from pathlib import Path
 
     from minispec.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = readme[readme.index("## The command line"):readme.index("## How it is built")]
+    block = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
     named = set(re.findall(r"(--[a-z][a-z-]+)", block.split("python -m minispec bench")[0]))
     known = {opt for action in build_parser()._actions for opt in action.option_strings}
     assert named and named <= known, named - known
@@ -410,7 +409,7 @@ def test_a_huge_gamma_is_capped_and_an_empty_prompt_said(pair, capsys):
 
 def test_the_no_color_trace_shows_spaces_inside_tokens():
     from minispec.cli import render_trace
-    from minispec.speculative import Round
+    from minispec.core.speculative import Round
 
     pieces = {0: "file", 1: " =", 2: " self", 3: "\n"}
     r = Round(drafted=[1, 2, 0], accepted=2, token=3, kind="correction", emitted=[1, 2, 3],
@@ -435,7 +434,7 @@ def test_shipped_names_and_reports_without_machine_paths():
     with pytest.raises(MinispecError, match="target, draft"):
         resolve("shipped:targt")
     assert display(SHIPPED / "prompts.json") == "shipped:prompts.json"
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
     sweep = readme[readme.index("<!-- results: sweep"):]
     sweep = sweep[:sweep.index("<!-- /results")]
     assert "shipped:target" in sweep and not re.search(r" /[a-z]", sweep)  # no absolute path

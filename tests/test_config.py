@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from minispec.config import ModelConfig, read_config
+from minispec.core.model import rope_inv_freq
 from minispec.errors import MinispecError
-from minispec.model import rope_inv_freq
 
 LLAMA = {
     "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "num_hidden_layers": 16,
@@ -201,7 +201,7 @@ def test_activation_spellings_match_transformers():
     acts = pytest.importorskip("transformers.activations",
                                reason="needs transformers to compare activations")
     from minispec.config import GELU_TANH_NAMES, SILU_NAMES
-    from minispec.model import gelu_new
+    from minispec.core.model import gelu_new
 
     x = np.linspace(-8, 8, 401, dtype=np.float64)
     for names, ours in ((GELU_TANH_NAMES, gelu_new(np, x)), (SILU_NAMES, x / (1 + np.exp(-x)))):

@@ -9,9 +9,9 @@ import pytest
 from conftest import FAMILIES, GPU, tiny_config
 
 from minispec import cuda_graphs
+from minispec.core.speculative import autoregressive_generate
 from minispec.errors import MinispecError
 from minispec.loader import random_model
-from minispec.speculative import autoregressive_generate
 
 needs_gpu = pytest.mark.skipif(not GPU, reason="CuPy/NVIDIA GPU not available")
 

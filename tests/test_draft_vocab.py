@@ -17,6 +17,7 @@ from minispec.drafters.vocab import DraftHead
 from minispec.errors import MinispecError
 from minispec.loader import random_model
 from minispec.safetensors import SafetensorsFile, save_file
+from minispec.tree import TreeDrafter
 
 TARGET = random_model(tiny_config(), seed=0, scale=0.5)
 V = TARGET.config.vocab_size
@@ -61,7 +62,7 @@ def test_greedy_decoding_with_a_cut_vocabulary_is_the_targets(make):
         for p in ([3, 17, 5], [9] * 9)]
 
 
-class CutReported(minispec.Drafter):
+class CutReported(TreeDrafter):
     """A planted bug, the control: tokens drawn from the cut, but the q reported is the whole
     vocabulary's (the renormalization over the cut forgotten). Two copies of one head run in
     lockstep: `cut` draws, `full` gives the q of the first draft (all this test's rounds draft

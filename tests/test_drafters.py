@@ -15,6 +15,16 @@ from stats_helpers import pooled_chisquare
 
 from minispec.backend import to_host
 from minispec.config import ModelConfig
+from minispec.core.model import Model
+from minispec.core.sampling import warp
+from minispec.core.speculative import (
+    AUTO_GAMMA_MAX,
+    AUTO_GAMMA_START,
+    autoregressive_generate,
+    next_gamma,
+    speculative_generate,
+    verify,
+)
 from minispec.drafters import (
     Draft,
     EarlyExitDrafter,
@@ -26,16 +36,6 @@ from minispec.drafters import (
 )
 from minispec.errors import MinispecError
 from minispec.loader import load, random_model
-from minispec.model import Model
-from minispec.sampling import warp
-from minispec.speculative import (
-    AUTO_GAMMA_MAX,
-    AUTO_GAMMA_START,
-    autoregressive_generate,
-    next_gamma,
-    speculative_generate,
-    verify,
-)
 
 V = 48
 CONFIG = {
@@ -246,13 +246,13 @@ class CheckedEarlyExit(EarlyExitDrafter):
             np.testing.assert_allclose(draft.q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
         return draft
 
-    def verify_forward(self, prefix, draft, cache):
+    def target_forward(self, prefix, draft, cache):
         assert len(self.ids) >= cache.length
         del self.ids[cache.length :]  # what the loop's rollback forgot
         tokens = list(prefix) + draft.tokens.tolist()
         self.ids += tokens
         self.verified += len(tokens)
-        hidden = super().verify_forward(prefix, draft, cache)
+        hidden = super().target_forward(prefix, draft, cache)
         assert cache.length == len(self.ids) - len(draft.tokens)  # the drafts wait after it
         assert hidden.shape[0] == len(tokens)
         reference = self.target.logits(self.ids)[-len(tokens) :]
@@ -285,14 +285,14 @@ def test_early_exit_drafter_of_another_model_is_refused():
                              **GREEDY)
 
 
-def test_early_exit_verify_forward_recomputes_what_was_not_drafted():
-    # verify_forward is a drop-in target forward: with nothing drafted it computes everything
+def test_early_exit_target_forward_recomputes_what_was_not_drafted():
+    # target_forward is a drop-in target forward: with nothing drafted it computes everything
     d = EarlyExitDrafter(TARGET, 2)
     cache = TARGET.new_cache(32)
     d.start([5], cache)
     seq = [5, 9, 2, 7, 7, 1]
-    h1 = d.verify_forward(seq[:4], d.empty_draft(), cache)
-    h2 = d.verify_forward(seq[4:5], Draft(np.array(seq[5:]), np.ones((1, V)) / V), cache)
+    h1 = d.target_forward(seq[:4], d.empty_draft(), cache)
+    h2 = d.target_forward(seq[4:5], Draft(np.array(seq[5:]), np.ones((1, V)) / V), cache)
     assert cache.length == 5  # the context; the draft's keys and values wait after it
     reference = TARGET.logits(seq)
     np.testing.assert_allclose(to_host(TARGET.head(np.vstack([h1, h2]))), reference, rtol=1e-4,

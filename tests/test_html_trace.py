@@ -116,7 +116,7 @@ def test_a_custom_tree_walk_is_checked():
 
 def test_check_walk_takes_a_root_to_node_path_and_one_token():
     from minispec.errors import MinispecError
-    from minispec.speculative import check_walk
+    from minispec.tree import check_walk
 
     parents = [-1, 0, 0, 1]  # 0 under the context, 1 and 2 under 0, 3 under 1
     assert check_walk([0, 1, 3], 4, parents, 5, None) == [0, 1, 3]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minispec.drafters import Draft, Drafter, ModelDrafter, TreeModelDrafter
+from minispec.drafters import Draft, ModelDrafter, TreeModelDrafter
 from minispec.errors import MinispecError
 from minispec.judge.selftest import (
     MODEL,
@@ -20,6 +20,7 @@ from minispec.judge.selftest import (
     tiny_models,
 )
 from minispec.loader import load, save_checkpoint
+from minispec.tree import TreeDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +50,7 @@ def test_a_tree_drafter_on_a_model_gets_a_tree_control_that_is_rejected(tmp_path
     assert controls[0].fit.pvalue < 1e-6, controls[0].fit
 
 
-class _Fixed(Drafter):
+class _Fixed(TreeDrafter):
     """Proposes the same draft every round."""
 
     def __init__(self, target, draft):

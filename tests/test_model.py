@@ -5,9 +5,9 @@ import pytest
 from conftest import FAMILIES, tiny_config
 
 from minispec.backend import to_host
+from minispec.core.model import KVCache, causal_mask
 from minispec.errors import MinispecError
 from minispec.loader import random_model
-from minispec.model import KVCache, causal_mask
 
 TOL = 2e-5  # float32; logits are O(1) with scale=0.3
 TOKENS = [3, 17, 5, 42, 8, 8, 0, 31, 22, 9, 14, 47, 2, 6, 11, 30]

@@ -12,10 +12,10 @@ from samplers_for_tests import exact, residual_is_p
 
 from minispec import Draft, Drafter, MinispecError, Request, Sampling, generate
 from minispec.backend import to_host
+from minispec.core.speculative import autoregressive_generate, speculative_generate
+from minispec.core.verify import verify
 from minispec.drafters import ModelDrafter, NoDrafter
 from minispec.loader import random_model
-from minispec.speculative import autoregressive_generate, speculative_generate
-from minispec.verify import verify
 
 TARGET = random_model(tiny_config(), seed=0, scale=0.5)
 DRAFT = random_model(tiny_config(n_layers=1), seed=0, scale=0.4)
@@ -114,9 +114,9 @@ class Recording(ModelDrafter):
         self.log.append("propose")
         return super().propose(context, gamma, warp, rng)
 
-    def verify_forward(self, tokens, cache, n_logits):
-        self.log.append("verify_forward")
-        return super().verify_forward(tokens, cache, n_logits)
+    def target_forward(self, tokens, cache, n_logits):
+        self.log.append("target_forward")
+        return super().target_forward(tokens, cache, n_logits)
 
     def accept(self, context, hidden):
         self.log.append("accept")
@@ -130,7 +130,7 @@ def test_accept_receives_the_targets_hidden_states_of_the_kept_positions(tempera
     r = speculative_generate(TARGET, d, PROMPT, gamma=3, max_new_tokens=24,
                              temperature=temperature, seed=1)
     rounds = len(r.stats.rounds)
-    assert d.log == ["start"] + ["propose", "verify_forward", "accept"] * rounds
+    assert d.log == ["start"] + ["propose", "target_forward", "accept"] * rounds
     for context, hidden in d.hidden:
         # rows are positions len(context)-1-n .. len(context)-2; through the target's head they
         # are the logits a full recompute gives there

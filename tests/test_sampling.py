@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from minispec.core.sampling import check_sampling_params, sample, warp
 from minispec.errors import MinispecError
-from minispec.sampling import check_sampling_params, sample, warp
 
 
 def softmax(x):

@@ -12,12 +12,12 @@ from stats_helpers import pooled_chisquare
 
 from minispec.backend import get_backend, to_host
 from minispec.config import ModelConfig
+from minispec.core.model import Model
+from minispec.core.sampling import sample, warp
+from minispec.core.speculative import autoregressive_generate, speculative_generate, verify
 from minispec.drafters import Draft, Drafter, ModelDrafter
 from minispec.errors import MinispecError
 from minispec.loader import load, random_model
-from minispec.model import Model
-from minispec.sampling import sample, warp
-from minispec.speculative import autoregressive_generate, speculative_generate, verify
 from minispec.tokenizer import Tokenizer
 
 

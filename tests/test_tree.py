@@ -13,7 +13,7 @@ import minispec
 from minispec.drafters.tree_model import TreeModelDrafter, check_shape, top_k, tree_size
 from minispec.errors import MinispecError
 from minispec.loader import random_model
-from minispec.tree import depths, hidden_tree, keep_path, verify_tree
+from minispec.tree import TreeDrafter, depths, hidden_tree, keep_path, verify_tree
 
 # a tree of 7 nodes: two children of the context, the first with two children, ...
 PARENTS = np.array([-1, -1, 0, 0, 1, 2, 5])
@@ -157,7 +157,7 @@ def test_tree_shapes_and_bad_trees_are_named():
             check_shape(bad)
     target = random_model(tiny_config(), seed=0)
 
-    class Bad(minispec.Drafter):
+    class Bad(TreeDrafter):
         tree = True
 
         def propose(self, context, gamma, warp, rng):
@@ -218,7 +218,7 @@ def test_a_tree_shaped_like_a_chain_is_a_chain_and_parents_alone_make_a_tree():
     target = random_model(tiny_config(), seed=0, scale=0.5)
     seen = []
 
-    class Shapes(minispec.Drafter):
+    class Shapes(TreeDrafter):
         def propose(self, context, gamma, warp, rng):
             if gamma < 2:
                 return self.empty_draft()

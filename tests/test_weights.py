@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minispec.core.speculative import autoregressive_generate
 from minispec.loader import load
-from minispec.speculative import autoregressive_generate
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
 PROMPT = "def fibonacci(n):\n    "

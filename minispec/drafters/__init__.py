@@ -1,7 +1,8 @@
 """Drafters: whatever proposes the gamma tokens the target then verifies.
 
-The contract every drafter follows is in `base.py`: chains and trees alike, one sequence or a
-batch. Six drafters ship, chosen by name with `make_drafter`:
+The contract every drafter follows is in minispec/core/drafter.py (trees extend it in
+minispec/tree.py, batches in minispec/batch.py). Six drafters ship, chosen by name with
+`make_drafter`:
     "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q)
     "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
                   the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
@@ -18,15 +19,22 @@ batch. Six drafters ship, chosen by name with `make_drafter`:
 
 from __future__ import annotations
 
+from ..core.drafter import (
+    Draft,
+    Drafter,
+    ModelDrafter,
+    NoDrafter,
+    check_vocabularies,
+    sampled_vocab_size,
+)
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 from ..shipped import SHIPPED
-from .base import Draft, Drafter, NoDrafter, check_vocabularies, sampled_vocab_size
+from .draft_model import TunedModelDrafter
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
 from .files import find_head_dir, read_head_dir
 from .medusa import MedusaDrafter, load_medusa, random_medusa
-from .model import ModelDrafter
 from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
 from .vocab import load_draft_vocab, read_draft_vocab
@@ -55,9 +63,9 @@ PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
 __all__ = [
     "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
     "MODEL_STOP", "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS",
-    "TreeModelDrafter", "check_vocabularies", "default_exit_layer", "find_ngram",
-    "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa", "make_drafter",
-    "random_eagle", "random_medusa", "sampled_vocab_size",
+    "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
+    "find_ngram", "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa",
+    "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
 ]
 
 
@@ -86,7 +94,9 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
             raise MinispecError(
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
-        return ModelDrafter(target, draft_model, draft_vocab, stop)
+        if draft_vocab is None and stop is None:
+            return ModelDrafter(target, draft_model)
+        return TunedModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":
         if draft_model is None:
             raise MinispecError("drafter 'model-tree' needs a draft model (--draft DIR)")

@@ -54,20 +54,20 @@ import numpy as np
 
 from ..backend import to_host
 from ..config import ModelConfig
+from ..core.drafter import Draft
+from ..core.model import Model, linear
+from ..core.sampling import sample
 from ..errors import MinispecError
 from ..loader import _build_weights, random_model
-from ..model import Model, linear
 from ..safetensors import SafetensorsFile
-from ..sampling import sample
-from ..tree import tree_layers
-from .base import Draft, Drafter
+from ..tree import TreeDrafter, tree_layers
 from .files import read_head_dir
 from .ngram import copy_from, find_ngram, one_hot
 from .tree_model import check_shape, children, sibling_mode
 from .vocab import DraftHead, read_draft_vocab
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(TreeDrafter):
     """Draft with an EAGLE head: a decoder layer over (feature, token) pairs.
 
     layer: a one-layer Model (its embedding, final norm and head are the target's); fc_w

@@ -8,10 +8,10 @@ from numbers import Integral
 
 import numpy as np
 
-from ..batched import batch_embed, batch_head, batch_run_layers, split
+from ..batch_forward import batch_embed, batch_head, batch_run_layers, split
+from ..core.drafter import Draft, Drafter
+from ..core.sampling import sample
 from ..errors import MinispecError
-from ..sampling import sample
-from .base import Draft, Drafter
 
 
 class EarlyExitDrafter(Drafter):
@@ -20,7 +20,7 @@ class EarlyExitDrafter(Drafter):
     Layers 0..k-1 compute the same keys, values and hidden states for a token whether drafting
     or verification runs them, so nothing is computed twice: `start` receives the target's KV
     cache; drafting writes layers 0..k-1 of it for each position it feeds and keeps that
-    position's layer-k hidden state; `verify_forward` then runs layers 0..k-1 only for what
+    position's layer-k hidden state; `target_forward` then runs layers 0..k-1 only for what
     drafting never fed (the last draft) and layers k..L-1 for every position. Every cache entry is
     the target's own, so the loop's rollback of the target cache rolls the drafter back too.
 
@@ -86,12 +86,12 @@ class EarlyExitDrafter(Drafter):
                 feed[b] = [int(drafts[b][i])]
         return [Draft(t, q) for t, q in zip(drafts, qs)]
 
-    def verify_forward(self, prefix, draft, cache):
+    def target_forward(self, prefix, draft, cache):
         """The target's forward over prefix + drafts, reusing layers 0..k-1 of the positions
-        drafting fed (see verify_forward_batch: this is the batch of one)."""
-        return self.verify_forward_batch([self], [prefix], [draft], [cache])[0]
+        drafting fed (see target_forward_batch: this is the batch of one)."""
+        return self.target_forward_batch([self], [prefix], [draft], [cache])[0]
 
-    def verify_forward_batch(self, drafters, prefixes, drafts, caches) -> list:
+    def target_forward_batch(self, drafters, prefixes, drafts, caches) -> list:
         """The target's forward for each sequence, reusing layers 0..k-1 of the positions
         drafting fed: their keys and values are already in the cache and their layer-k hidden
         states were kept; anything else is computed here, every sequence in one call of layers

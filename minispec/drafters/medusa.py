@@ -29,16 +29,17 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_host
+from ..core.drafter import Draft
+from ..core.model import linear, silu
 from ..errors import MinispecError
-from ..model import linear, silu
 from ..safetensors import SafetensorsFile
-from .base import Draft, Drafter
+from ..tree import TreeDrafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
 from .vocab import DraftHead, read_draft_vocab
 
 
-class MedusaDrafter(Drafter):
+class MedusaDrafter(TreeDrafter):
     """Draft a tree from K Medusa heads on the target's last hidden state.
 
     heads: K pairs (W [D, D] out x in, b [D]) as host or device arrays. shape: the children per

@@ -7,8 +7,8 @@ from numbers import Integral
 
 import numpy as np
 
+from ..core.drafter import Draft, Drafter
 from ..errors import MinispecError
-from .base import Draft, Drafter
 
 
 class NgramDrafter(Drafter):

@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
+from ..core.drafter import Draft, check_vocabularies
+from ..core.sampling import sample
 from ..errors import MinispecError
-from ..sampling import sample
-from ..tree import hidden_tree
-from .base import Draft, Drafter, check_vocabularies
+from ..tree import TreeDrafter, hidden_tree
 
 
 def tree_size(shape) -> int:
@@ -94,7 +94,7 @@ def children(logits_row, q_row, k: int, mode: str, rng) -> list[int]:
     return out
 
 
-class TreeModelDrafter(Drafter):
+class TreeModelDrafter(TreeDrafter):
     """Draft a tree with a smaller model: the top shape[d] tokens under each node of depth d.
 
     The draft model grows the tree level by level, one call per level, each level's nodes

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..backend import to_host
+from ..core.drafter import sampled_vocab_size
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
-from .base import sampled_vocab_size
 
 
 class DraftHead:

@@ -14,10 +14,10 @@ import time
 import numpy as np
 from scipy import stats
 
+from ..core.verify import verify as minispec_verify
 from ..drafters import PRESETS, make_drafter
 from ..errors import MinispecError
 from ..shipped import SHIPPED, display, path_arg
-from ..verify import verify as minispec_verify
 from .pipeline import PIPELINE_BUGS, part_pipeline
 from .selftest import (
     BATCH_BUGS,

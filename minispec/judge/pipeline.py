@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
+from ..core.sampling import Sampling, sample
+from ..core.speculative import speculative_generate
+from ..core.verify import verify as minispec_verify
 from ..drafters import Draft, Drafter
 from ..loader import load, save_checkpoint
-from ..sampling import Sampling, sample
-from ..speculative import speculative_generate
-from ..verify import verify as minispec_verify
 from .selftest import tiny_models
 from .stats import E2E, Fit, Row, exact_joint, joint_row, rng_for
 
@@ -110,11 +110,11 @@ def broken_generator(bug: str):
             return Draft(np.array(tokens, dtype=np.int64),
                          np.array(q, dtype=np.float64).reshape(len(tokens), self.vocab_size))
 
-        def verify_forward(self, prefix, draft, cache):
+        def target_forward(self, prefix, draft, cache):
             if bug != "cache one short" or cache.length == 0:
-                return super().verify_forward(prefix, draft, cache)
+                return super().target_forward(prefix, draft, cache)
             cache.length -= 1  # the bug: the last position forgotten, the tokens fed one early
-            out = super().verify_forward(prefix, draft, cache)
+            out = super().target_forward(prefix, draft, cache)
             cache.length += 1
             return out
 

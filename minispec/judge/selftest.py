@@ -20,8 +20,11 @@ import os
 
 import numpy as np
 
-from ..batch import generate_batch
+from ..batch import batched_target_forward, generate_batch
 from ..config import ModelConfig
+from ..core.sampling import sample, warp
+from ..core.speculative import speculative_generate
+from ..core.verify import verify as minispec_verify
 from ..drafters import (
     Draft,
     Drafter,
@@ -33,9 +36,7 @@ from ..drafters import (
 )
 from ..errors import MinispecError
 from ..loader import load, random_model
-from ..sampling import sample, warp
-from ..speculative import speculative_generate
-from ..verify import verify as minispec_verify
+from ..tree import TreeDrafter
 from .stats import E2E, MODELS_SEED, Row, exact_joint, joint_row, rng_for
 from .verify_step import Sampler, broken_sampler
 
@@ -176,8 +177,8 @@ def misaligned_drafter(target, model):
     """A broken batch (a control): the model drafter whose batched verify call hands sequence b
     the hidden states of sequence b+1 wherever their shapes agree, as an off-by-one split would."""
     class Misaligned(ModelDrafter):
-        def verify_forward_batch(self, drafters, prefixes, drafts, caches):
-            hs = super().verify_forward_batch(drafters, prefixes, drafts, caches)
+        def target_forward_batch(self, drafters, prefixes, drafts, caches):
+            hs = batched_target_forward(self.target, prefixes, drafts, caches)
             shifted = hs[1:] + hs[:1]
             return [s if s.shape == h.shape else h for s, h in zip(shifted, hs)]
 
@@ -341,7 +342,7 @@ MODEL_TREE_BUGS = {TREE_BUG: "the tree verified against the wrong proposal: top-
                              "declared draws from q, sampled ones each given its parent's q row"}
 
 
-class WrongTreeProposal(Drafter):
+class WrongTreeProposal(TreeDrafter):
     """A drafter's trees verified against the wrong proposal, the control for a tree drafter on
     a model: top-k candidates declared draws from q (the judge's part-T bug "top-k as sampled"),
     sampled ones each given its parent's q row (an off-by-one gathering the rows). With
@@ -368,8 +369,8 @@ class WrongTreeProposal(Drafter):
         q = np.array([d.q[p] if p >= 0 else d.q[i] for i, p in enumerate(d.parents)])
         return Draft(d.tokens, q, d.parents, d.siblings)  # each node with its parent's q
 
-    def verify_forward(self, prefix, draft, cache):
-        return self.inner.verify_forward(prefix, draft, cache)
+    def target_forward(self, prefix, draft, cache):
+        return self.inner.target_forward(prefix, draft, cache)
 
     def accept(self, context, hidden):
         self.inner.accept(context, hidden)

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from ..sampling import warp
-from ..speculative import sampled_vocab_size
+from ..core.sampling import warp
+from ..core.speculative import sampled_vocab_size
 
 FAMILY_ALPHA = 0.01  # Holm over all true tests
 CONTROL_ALPHA = 1e-6  # each broken sampler must be rejected below this (Bonferroni over its tests)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..sampling import sample, warp
+from ..core.sampling import sample, warp
 from ..tree import children_of, verify_tree
 from .stats import (
     CASES_SEED,

@@ -43,9 +43,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
+from ..core.sampling import Sampling
 from ..drafters import EAGLE_COPY, EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
 from ..errors import MinispecError
-from ..sampling import Sampling
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
@@ -345,9 +345,9 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     (harness.time_methods); the target's decode step and verify call, in minispec and in torch.
     With --assistant, a draft model drafts for both minispec and transformers' assisted
     generation. At T = 0 every method's output is checked against autoregressive decoding's."""
-    from ..drafters import ModelDrafter, NoDrafter, make_drafter
+    from ..core.speculative import Request, generate
+    from ..drafters import ModelDrafter, NoDrafter, TunedModelDrafter, make_drafter
     from ..loader import load
-    from ..speculative import Request, generate
 
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 1, 8, 1
@@ -405,7 +405,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                                                        gamma)
         if assistant is not None:  # its chain, and its chain ended by its confidence
             methods["minispec model"] = minispec_method(ModelDrafter(target, assistant), gamma)
-            methods["minispec model-stop"] = minispec_method(ModelDrafter(
+            methods["minispec model-stop"] = minispec_method(TunedModelDrafter(
                 target, assistant, head_draft_vocab(target), MODEL_STOP), gamma)
         if use_hf:
             import torch
@@ -550,8 +550,8 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
 
 def _methods(args, target, draft, gamma, eos, hf):
     """{name: generate(ids) -> result} for every method the run compares."""
+    from ..core.speculative import Request, generate
     from ..drafters import ModelDrafter, NoDrafter
-    from ..speculative import Request, generate
 
     sampling, request = Sampling(args.temperature), Request(args.max_new_tokens, eos, seed=0)
     plain, drafter = NoDrafter(target), ModelDrafter(target, draft)

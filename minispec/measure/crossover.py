@@ -30,10 +30,10 @@ import numpy as np
 
 from ..backend import blas_threads
 from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
+from ..core.sampling import Sampling
+from ..core.speculative import Request
 from ..errors import MinispecError
-from ..sampling import Sampling
 from ..shipped import path_arg
-from ..speculative import Request
 from . import harness
 from .sweep import need_matplotlib, save
 

@@ -28,6 +28,8 @@ import time
 import numpy as np
 
 from ..backend import blas_threads
+from ..core.sampling import Sampling
+from ..core.speculative import Request, generate
 from ..drafters import (
     EAGLE_COPY,
     EAGLE_STOP,
@@ -38,9 +40,7 @@ from ..drafters import (
 )
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
-from ..sampling import Sampling
 from ..shipped import path_arg
-from ..speculative import Request, generate
 from ..tree import hidden_tree
 from . import harness
 
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                                    "gamma": args.gamma, "repeats": args.repeats,
                                    "device": target.device, "dtype": str(target.dtype),
-                                   "cuda_graphs": target.step_graphs is not None},
+                                   "cuda_graphs": getattr(target, "step_graphs", None) is not None},
                       "by_temperature": {
                           f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
                                                  gamma=args.gamma, repeats=args.repeats,

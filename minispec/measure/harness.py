@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import get_blas_threads, set_blas_threads
+from ..core.speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 from ..errors import MinispecError
-from ..speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
@@ -216,7 +216,7 @@ def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float
     """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
     and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
     attention over the cache, Python) is the step's time minus this."""
-    from ..model import linear
+    from ..core.model import linear
 
     xp, w = model.xp, model.weights
     names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
@@ -264,11 +264,12 @@ def draft_step_model(drafter, target=None, draft_model=None, exit_layer: int | N
     """What one draft step runs, as a model to time, asked of the drafter (a Drafter, or a
     name for make_drafter with these arguments): a model, its first layers (FirstLayers), or
     None for a drafter without a forward call (the n-gram lookup)."""
+    from ..batch import draft_step
     from ..drafters import Drafter, make_drafter
 
     if not isinstance(drafter, Drafter):
         drafter = make_drafter(drafter, target, draft_model=draft_model, exit_layer=exit_layer)
-    step = drafter.draft_step()
+    step = draft_step(drafter)
     if step is None:
         return None
     model, layers = step

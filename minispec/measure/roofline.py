@@ -63,7 +63,7 @@ def gpu_name(xp) -> str:
 
 def generate_seconds(model, n: int, repeats: int = 3) -> tuple[float, list[int]]:
     """Best seconds of greedy generation of n tokens after an 8-token prompt, and the tokens."""
-    from ..speculative import autoregressive_generate
+    from ..core.speculative import autoregressive_generate
 
     prompt = (np.arange(8) % min(model.vocab_size, 256) + 3).tolist()
     best, tokens = float("inf"), []

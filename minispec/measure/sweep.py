@@ -35,11 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..backend import blas_threads
+from ..core.sampling import Sampling
+from ..core.speculative import Request, generate
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
-from ..sampling import Sampling
 from ..shipped import SHIPPED, display
-from ..speculative import Request, generate
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
 

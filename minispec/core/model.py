@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from .backend import matmul, memory_bytes, to_host
-from .config import ModelConfig
-from .errors import MinispecError
+from ..backend import matmul, memory_bytes, to_host
+from ..config import ModelConfig
+from ..errors import MinispecError
 
 DEFAULT_MAX_CACHE = 4096  # default cache length cap: a 128k-context config must not take gigabytes
 
@@ -231,7 +231,6 @@ class Model:
         self._inv_freq = rope_inv_freq(config) if config.family != "gpt2" else None
         self._cos = self._sin = None
         self._rope_len = 0
-        self.step_graphs = None  # on the GPU, cuda_graphs.enable(model): a speed path, same math
         if self._inv_freq is not None:
             self._grow_rope(min(config.max_position_embeddings, DEFAULT_MAX_CACHE))
 
@@ -263,12 +262,6 @@ class Model:
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """An empty cache for up to max_len positions (default: the context, at most 4096)."""
-        if self.step_graphs is not None:  # reuses a finished cache's arrays and their graphs
-            return self.step_graphs.new_cache(max_len)
-        return self.plain_new_cache(max_len)
-
-    def plain_new_cache(self, max_len: int | None = None) -> KVCache:
-        """new_cache without the CUDA graphs' reuse of arrays (always fresh zeros)."""
         c = self.config
         if max_len is None:
             max_len = min(c.max_position_embeddings, DEFAULT_MAX_CACHE)
@@ -354,10 +347,6 @@ class Model:
     def head(self, h, lm_head=None):
         """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device). lm_head:
         other head weights [D, N] to use instead (a draft vocabulary's rows, drafters/vocab.py)."""
-        if lm_head is None and self.step_graphs is not None:  # a few rows: a replayed graph
-            logits = self.step_graphs.head(h)
-            if logits is not None:
-                return logits
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)  # [T, D]
         lm_head = w["lm_head"] if lm_head is None else lm_head
@@ -368,10 +357,6 @@ class Model:
     def hidden(self, tokens, cache: KVCache):
         """Feed T tokens at positions cache.length.., advance the cache -> the last hidden state
         h [T, D] (before the final norm: what Medusa heads and EAGLE read)."""
-        if self.step_graphs is not None:  # a few tokens on the GPU: a replayed CUDA graph
-            h = self.step_graphs.hidden(tokens, cache)
-            if h is not None:
-                return h
         pos = cache.length
         h = self.embed(tokens, pos)  # [T] -> [T, D]
         h = self.run_layers(h, cache, pos)  # [T, D]

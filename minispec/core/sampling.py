@@ -20,8 +20,8 @@ from numbers import Integral, Real
 
 import numpy as np
 
-from .backend import to_host
-from .errors import MinispecError
+from ..backend import to_host
+from ..errors import MinispecError
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,11 @@ from numbers import Integral
 
 import numpy as np
 
-from .drafters import Draft, Drafter, ModelDrafter, NoDrafter, sampled_vocab_size
-from .errors import MinispecError
+from ..errors import MinispecError
+from .drafter import Draft, Drafter, ModelDrafter, NoDrafter, sampled_vocab_size
 from .model import Model
 from .sampling import Sampling
-from .tree import check_tree, children_of, depths, keep_path, verify_tree
 from .verify import verify
-from .verify import verify as minispec_verify
 
 __all__ = [
     "AutoGamma", "FixedGamma", "GenerationResult", "Request", "Round", "Stats",
@@ -249,123 +247,89 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
     cache: the target's KV cache, holding every context token but the last. warp: logits ->
     the probabilities generation samples from (the same for the target's p and the drafter's q).
     verify: the speculative step (minispec.verify, or any function with its signature).
-    A drafter may propose a tree instead of a chain (minispec/tree.py): the same steps, with
-    the tree's one target call and its walk in place of steps 2 and 3.
     """
     t0 = time.perf_counter()
     # 1. the drafter proposes g <= gamma tokens and q, the distributions it drew them from
-    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter,
-                        room=cache.max_len - len(context))
+    draft = check_draft(drafter.propose(context, gamma, warp, rng), gamma, drafter)
     t1 = time.perf_counter()
 
     # 2. one target call over the context tokens the cache lacks (the last one; the whole prompt
     #    in round 1) and the g drafts: its last g + 1 rows give p_0..p_g, the target's
     #    distributions after each draft prefix
-    hidden = drafter.verify_forward(context[cache.length:], draft, cache)  # [m + g, D]
+    hidden = drafter.target_forward(context[cache.length:], draft, cache)  # [m + g, D]
     p = warp(drafter.target.head(hidden[-len(draft.tokens) - 1:]))  # [g+1, V]
 
     # 3. keep a prefix of the drafts, then the target's correction or bonus token
-    path, token = settle(verify, p, draft, rng)
+    accepted, token = settle(verify, p, draft, rng)
 
     # 4-6. keep what was accepted, stop at an EOS, let the drafter catch up
-    r = finish_round(drafter, context, cache, draft, path, token, hidden, eos)
+    r = finish_round(drafter, context, cache, draft, accepted, token, hidden, eos)
     r.gamma, r.draft_seconds, r.verify_seconds = gamma, t1 - t0, time.perf_counter() - t1
     return r
 
 
-def settle(verify: VerifyFn, p, draft: Draft, rng) -> tuple[list[int], int]:
-    """Step 3 of a round -> (path: the accepted drafts' node indices, token: the target's
-    correction or bonus). A chain goes to `verify` (its accepted prefix is nodes 0..a-1); a tree
-    is walked by minispec.tree.verify_tree (or by the `verify_tree` of a custom verify that has
-    one, with its signature: minispec/html_trace.py's records the walk)."""
-    if draft.parents is None:
-        drafts = draft.tokens.tolist()
-        emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
-        return list(range(len(emitted) - 1)), emitted[-1]
-    if verify is minispec_verify:
-        return verify_tree(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
-    walk = getattr(verify, "verify_tree", None)
-    if walk is None:
-        raise MinispecError(f"verify: {getattr(verify, '__name__', repr(verify))} verifies "
-                            "chains; this round's draft is a tree, which "
-                            "minispec.tree.verify_tree verifies")
-    path, token = walk(p, draft.q, draft.tokens, draft.parents, draft.siblings, rng)
-    return check_walk(path, token, draft.parents.tolist(), p.shape[1], verify), int(token)
+def settle(verify: VerifyFn, p, draft: Draft, rng) -> tuple[int, int]:
+    """Step 3 of a round -> (accepted: how many drafts were kept, token: the target's correction
+    or bonus), from `verify` (its output checked)."""
+    drafts = draft.tokens.tolist()
+    emitted = check_emitted(verify(p, draft.q, draft.tokens, rng), drafts, p.shape[1], verify)
+    return len(emitted) - 1, emitted[-1]
 
 
-def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, path: list[int],
+def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, accepted: int,
                  token: int, hidden, eos: tuple[int, ...]) -> Round:
-    """Steps 4-6 of a round (chains, trees and each sequence of a batch alike): the target's
-    cache keeps the accepted path, the emitted tokens are cut after an EOS and added to
-    `context`, the drafter reads what the target computed. -> the Round (without timings)."""
-    n = len(draft.tokens)
-    m = hidden.shape[0] - n  # the context tokens the call fed before the drafts
-    # 4. the target's cache keeps the accepted drafts (for a chain: setting one integer); the
-    #    last emitted token has no keys or values yet: the next round feeds it
-    keep_path(cache, path)
-    # 5. an EOS ends the generation: it is kept, anything after it dropped
-    emitted = [int(draft.tokens[i]) for i in path] + [int(token)]
+    """Steps 4-6 of a round: the target's cache keeps the accepted drafts, the emitted tokens
+    are cut after an EOS and added to `context`, the drafter reads what the target computed.
+    -> the Round (without timings)."""
+    g = len(draft.tokens)
+    m = hidden.shape[0] - g  # the context tokens the call fed before the drafts
+    # 4. the target's cache keeps the accepted drafts: setting one integer. The last emitted
+    #    token has no keys or values yet: the next round feeds it
+    cache.length += accepted
+    emitted = draft.tokens[:accepted].tolist() + [int(token)]
+    return end_round(drafter, context, draft.tokens.tolist(), emitted, hidden[:m + accepted],
+                     eos, depth=g, bonus=accepted == g)
+
+
+def end_round(drafter: Drafter, context: list[int], drafted: list[int], emitted: list[int],
+              kept_hidden, eos: tuple[int, ...], depth: int, bonus: bool) -> Round:
+    """Steps 5-6, for chains and trees (minispec/tree.py) alike: an EOS ends the generation (it
+    is kept, anything after it dropped); otherwise the drafter reads the hidden states of what
+    was kept. -> the Round (without timings)."""
     stop = next((i for i, t in enumerate(emitted) if t in eos), None)
     out = emitted if stop is None else emitted[: stop + 1]
     context += out
-    if stop is None:  # 6. the drafter catches up, reading the hidden states of what was kept
-        drafter.accept(context, kept_rows(hidden, m, path, drafter.target.xp))
-    if draft.parents is None:
-        depth, leaf = n, len(path) == n
-    else:
-        depth = int(depths(draft.parents).max(initial=-1)) + 1
-        leaf = not children_of(draft.parents)[path[-1] if path else -1]
-    return Round(drafted=draft.tokens.tolist(), accepted=len(path), token=emitted[-1],
-                 kind="bonus" if leaf else "correction", emitted=out, depth=depth,
+    if stop is None:
+        drafter.accept(context, kept_hidden)
+    return Round(drafted=drafted, accepted=len(emitted) - 1, token=emitted[-1],
+                 kind="bonus" if bonus else "correction", emitted=out, depth=depth,
                  stopped=stop is not None)
 
 
-def kept_rows(hidden, m: int, path: list[int], xp):
-    """The rows of the verify call's hidden states [m + n, D] that were kept: the m context
-    rows, then the accepted path's nodes (for a chain, simply the first m + len(path) rows)."""
-    if path == list(range(len(path))):
-        return hidden[: m + len(path)]
-    return hidden[xp.asarray(np.concatenate([np.arange(m), m + np.asarray(path, dtype=np.int64)]))]
-
-
-def check_draft(draft, gamma: int, drafter, room: int | None = None) -> Draft:
-    """The drafter's proposal, checked: a chain (parents None) of at most gamma tokens, or a
-    tree at most gamma deep, pruned to its first `room` nodes when the cache has no room for
-    more. A tree shaped like a chain is returned as the chain. MinispecError names the drafter
-    and what it returned."""
+def check_draft(draft, gamma: int, drafter) -> Draft:
+    """The drafter's proposal, checked: a chain of at most gamma tokens with q [g, V].
+    MinispecError names the drafter and what it returned."""
     who = f"drafter {drafter.name!r}"
     if not isinstance(draft, Draft):
         raise MinispecError(f"{who}: propose must return a Draft(tokens, q), got "
                             f"{type(draft).__name__}")
+    if draft.parents is not None:
+        raise MinispecError(f"{who}: proposed a tree; a drafter that proposes trees must "
+                            "subclass minispec.tree.TreeDrafter, whose round verifies them")
     tokens, q, V = np.asarray(draft.tokens), np.asarray(draft.q), drafter.vocab_size
     if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
         raise MinispecError(f"{who}: draft tokens must be a 1-D integer array [n], got shape "
                             f"{tokens.shape} dtype {tokens.dtype}")
-    n = tokens.shape[0]
-    if draft.parents is None:
-        if n > gamma:
-            raise MinispecError(f"{who}: expected at most {gamma} draft tokens, got {n}")
-        if q.shape != (n, V):
-            raise MinispecError(f"{who}: q must be [g, V] = [{n}, {V}] (one row per draft over "
-                                f"the sampled vocabulary), got shape {q.shape}")
-        parents = None
-    else:  # a tree: gamma bounds its depth, not its size
-        check_tree(tokens, draft.parents, q, draft.siblings, V, who)
-        parents = np.asarray(draft.parents, dtype=np.int64)
-        if n and depths(parents).max() >= gamma:
-            raise MinispecError(f"{who}: the tree must be at most gamma = {gamma} deep")
-    if n and (tokens.min() < 0 or tokens.max() >= V):
+    g = tokens.shape[0]
+    if g > gamma:
+        raise MinispecError(f"{who}: expected at most {gamma} draft tokens, got {g}")
+    if q.shape != (g, V):
+        raise MinispecError(f"{who}: q must be [g, V] = [{g}, {V}] (one row per draft over "
+                            f"the sampled vocabulary), got shape {q.shape}")
+    if g and (tokens.min() < 0 or tokens.max() >= V):
         raise MinispecError(f"{who}: draft token ids must be in 0..{V - 1}, got "
                             f"{tokens.tolist()!r:.200}")
-    tokens = tokens.astype(np.int64, copy=False)
-    if parents is None or np.array_equal(parents, np.arange(n) - 1):  # a chain
-        if parents is not None and draft.siblings == "deterministic":  # proposed with certainty
-            q = np.zeros_like(q, dtype=np.float64)
-            q[np.arange(n), tokens] = 1.0
-        return Draft(tokens, q)
-    if room is not None and n > room:  # near the cache's end: the first nodes only (a prefix of
-        tokens, q, parents = tokens[:room], q[:room], parents[:room]  # the list is a tree)
-    return Draft(tokens, q, parents, draft.siblings)
+    return Draft(tokens.astype(np.int64, copy=False), q)
 
 
 def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
@@ -383,26 +347,6 @@ def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
         raise MinispecError(f"verify {name}: expected the accepted prefix of the drafts "
                             f"{drafts} plus one token, got {out!r:.200}")
     return out
-
-
-def check_walk(path, token, parents: list[int], V: int, verify) -> list[int]:
-    """A custom verify_tree's path as a list, or MinispecError if it is not a path of the tree
-    from a root (nodes whose parents chain back to the context) plus one token id in 0..V-1."""
-    def whole(x) -> bool:
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-    if isinstance(path, np.ndarray) and path.ndim == 1:
-        path = path.tolist()
-    path = list(path) if isinstance(path, (list, tuple)) else None
-    ok = (path is not None and whole(token) and 0 <= token < V
-          and all(whole(c) and 0 <= c < len(parents) for c in path)
-          and all(parents[c] == (path[k - 1] if k else -1) for k, c in enumerate(path)))
-    if not ok:
-        name = getattr(verify, "__name__", repr(verify))
-        raise MinispecError(f"verify {name}: verify_tree should return (a root-to-node path of "
-                            f"the tree with parents {parents}, one token), got "
-                            f"{(path, token)!r:.200}")
-    return path
 
 
 # ---- the loop -----------------------------------------------------------------------------------
@@ -429,11 +373,11 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
     cache = new_target_cache(target, len(prompt), max_new)
     drafter.start(list(prompt), cache)
     stats = Stats(drafter=drafter.name, gamma=gamma_label(gamma, policy))
+    play = drafter.round or speculative_round  # a TreeDrafter plays minispec/tree.py's round
     while len(context) - len(prompt) < max_new:
         left = max_new - (len(context) - len(prompt))
         g = min(policy.gamma, left - 1)  # a round emits up to g + 1 tokens: stay in the budget
-        r = speculative_round(drafter, context, cache, g, warp, verify, rng,
-                              request.eos_token_ids)
+        r = play(drafter, context, cache, g, warp, verify, rng, request.eos_token_ids)
         stats.add(r)
         policy.update(r.depth, r.accepted)  # positions, not nodes: a tree's depth is its gamma
         if on_round is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import MinispecError
+from ..errors import MinispecError
 from .sampling import sample
 
 ROW_SUM_TOLERANCE = 1e-6  # a probability row may miss 1 by float64 round-off, not by more

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import KVCache, Model, attention, causal_mask, linear, mlp, norm, rope
+from .core.model import KVCache, Model, attention, causal_mask, linear, mlp, norm, rope
 
 
 def batched_block(xp, x, p: dict[str, Any], config, rot, layer_caches, starts, sizes, masks):
@@ -72,7 +72,7 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
 def batch_hidden(model: Model, tokens: list[list[int]], caches: list[KVCache]) -> list:
     """Model.hidden for B sequences in one call: feed tokens[b] at caches[b].length.., advance
     each cache -> the last hidden states, one [T_b, D] array per sequence."""
-    if len(caches) == 1 and model.step_graphs is not None:  # one sequence: a CUDA graph's replay
+    if len(caches) == 1 and getattr(model, "step_graphs", None) is not None:  # a CUDA graph
         return [model.hidden(tokens[0], caches[0])]
     starts = [c.length for c in caches]
     sizes = [len(t) for t in tokens]

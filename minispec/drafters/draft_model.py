@@ -1,0 +1,104 @@
+"""The draft model beyond the core's plain loop: two exact options, and a batch's drafting.
+
+minispec/core/drafter.py's ModelDrafter is Leviathan et al.'s M_q, drafting one sequence with a
+plain loop over the draft model's forward pass. Here, built on it:
+
+- `TunedModelDrafter`, the draft model with two options, both exact (the verify step is
+  unchanged): a cut draft vocabulary (FR-Spec) and a chain of dynamic length (`stop`);
+- `propose_batch`: every sequence of a batch drafted in one call of the draft model per step
+  (minispec/batch.py calls it for any ModelDrafter), the options included.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..batch_forward import batch_head, batch_hidden
+from ..core.drafter import Draft, ModelDrafter
+from ..core.sampling import sample
+from ..core.sampling import warp as softmax  # at temperature 1: the plain softmax
+from ..errors import MinispecError
+from .vocab import DraftHead
+
+
+class TunedModelDrafter(ModelDrafter):
+    """A ModelDrafter with two options, both exact (the verify step is unchanged):
+
+    draft_vocab: ascending token ids; the draft computes only their rows of its LM head and
+        gives every other token q = 0 (FR-Spec; drafters/vocab.py). For a draft whose output
+        layer is most of its weights (a small model over a 49,152-token vocabulary) this is
+        most of the cost of a draft token.
+    stop: a chain of dynamic length. Before drafting token i, the chance that the chain so far
+        and token i are all kept is estimated by the draft's own probabilities (the product of
+        those of the tokens drafted so far, times its top probability now); below `stop` the
+        chain ends. The choice reads only what was drafted before token i, never token i, so
+        each drafted token is still kept with min(1, p/q). It pays only where the draft's
+        probabilities say how likely it is to be kept: a draft distilled to the target's
+        distributions (SmolLM2's) is close; the shipped toy draft is not, and drafts too little.
+    """
+
+    def __init__(self, target, model, draft_vocab=None, stop: float | None = None) -> None:
+        super().__init__(target, model)
+        if stop is not None and not (isinstance(stop, (int, float)) and not isinstance(stop, bool)
+                                     and 0 <= stop < 1):
+            raise MinispecError(f"model: stop must be a probability in [0, 1), got {stop!r:.40}")
+        self.stop = None if stop is None else float(stop)
+        self.draft_head = None if draft_vocab is None else DraftHead(
+            model, draft_vocab, "model draft_vocab")
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        """The chain of drafts, with the options (see propose_batch: this is the batch of one)."""
+        return propose_batch([self], [context], [gamma], warp, [rng])[0]
+
+
+def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
+    """Each sequence's chain of drafts, one call of the draft model per step for every
+    sequence still drafting (minispec/batch_forward.py), each with its own draft cache. The
+    first call also feeds the context tokens a cache has not seen. The last draft is not fed:
+    nothing needs its logits this round. drafters: ModelDrafters of one target and one draft
+    model, each with its own cache (a batch's copies of one drafter: one set of options)."""
+    first = drafters[0]
+    model, stop, V = first.model, getattr(first, "stop", None), first.vocab_size
+    plans = [d.prepare(c, g) for d, c, g in zip(drafters, contexts, gammas)]  # (g, tokens)
+    todo = [g for g, _ in plans]  # drafts each sequence may still make (stop shortens it)
+    drafts = [np.empty(g, dtype=np.int64) for g in todo]
+    qs = [np.empty((g, V)) for g in todo]
+    feed = [tokens for _, tokens in plans]
+    fed = [0] * len(plans)  # of each chain's drafts, how many went into its cache
+    sure = [1.0] * len(plans)  # the estimated chance that each chain so far is kept
+    for i in range(max(todo, default=0)):
+        live = [b for b, g in enumerate(todo) if g > i]  # still drafting
+        if not live:  # every chain ended early
+            break
+        hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
+        logits = heads(first, hs)  # [1, V_draft] each
+        for b, row in zip(live, logits):
+            drafters[b].calls += 1
+            fed[b] = i  # drafts 0..i-1 are in the cache now
+            if stop is not None:  # see `stop` in the class docstring
+                own = softmax(row[0], 1.0)  # the draft's own (unwarped) distribution
+                if sure[b] * own.max() < stop:
+                    todo[b] = i  # token i would not be kept often enough: end here
+                    continue
+            qs[b][i] = warp(row[0])  # [V]: only the row we sample from
+            drafts[b][i] = sample(qs[b][i], rngs[b])
+            feed[b] = [int(drafts[b][i])]
+            if stop is not None:
+                sure[b] *= float(own[drafts[b][i]])
+                if sure[b] < stop:  # no later token can pass: the same chain, sooner
+                    todo[b] = i + 1
+    out = []
+    for d, c, g, n, tokens, q in zip(drafters, contexts, todo, fed, drafts, qs):
+        d._synced, d._fed = (len(c), tokens[:n].tolist()) if g else (d.cache.length, [])
+        out.append(Draft(tokens[:g], q[:g]) if g else d.empty_draft())
+    return out
+
+
+def heads(drafter, hs) -> list:
+    """The LM head on each sequence's last hidden row: the draft's own, or its rows of the
+    draft vocabulary (host logits, -inf outside it)."""
+    head = getattr(drafter, "draft_head", None)
+    if head is None:
+        return batch_head(drafter.model, hs, [1] * len(hs))
+    rows = head(drafter.model.xp.concatenate([h[-1:] for h in hs]))  # [B, V]
+    return [rows[b:b + 1] for b in range(len(hs))]
