@@ -80,10 +80,10 @@ for k in (1, 5):
     model.forward(ids[CONTEXT:], cache)
     cache.rollback(CONTEXT)
     layer_graph = next(v for (ck, t), v in g.graphs.items() if t == k and ck == id(cache.k))
-    h = model.hidden(ids[CONTEXT:], cache)
+    h = model.hidden_states(ids[CONTEXT:], cache)
     cache.rollback(CONTEXT)
     head_graph = g.heads[k]
     cuda_graphs.use(model, None)
     print(f"k={k} GPU time: layers' graph {events_ms(layer_graph.graph.launch):.3f} ms, head's "
           f"graph {events_ms(head_graph.graph.launch):.3f} ms, plain head "
-          f"{events_ms(lambda: model.head(h)):.3f} ms")
+          f"{events_ms(lambda: model.lm_head(h)):.3f} ms")

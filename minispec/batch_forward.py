@@ -49,12 +49,12 @@ def batch_embed(model: Model, tokens: list[list[int]], starts: list[int]):
 
 
 def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
-                     sizes: list[int], start: int = 0, stop: int | None = None):
-    """Layers start..stop-1 on h [N, D] for B sequences -> [N, D] (Model.run_layers for a
+                     sizes: list[int], first: int = 0, end: int | None = None):
+    """Layers first..end-1 on h [N, D] for B sequences -> [N, D] (Model.run_layers for a
     batch). Writes each sequence's keys/values at its positions; lengths are left to the
     caller."""
     xp, config = model.xp, model.config
-    stop = model.n_layers if stop is None else stop
+    end = model.n_layers if end is None else end
     for cache, pos, t in zip(caches, starts, sizes):
         model._check_span(pos, t, cache)
     positions = np.concatenate([np.arange(pos, pos + t) for pos, t in zip(starts, sizes)])
@@ -62,7 +62,7 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
     window = config.sliding_window
     masks = [None if t == 1 and (window is None or pos < window)
              else causal_mask(xp, pos, t, pos + t, window) for pos, t in zip(starts, sizes)]
-    for i in range(start, stop):
+    for i in range(first, end):
         layer_caches = [(c.k[i], c.v[i]) for c in caches]
         h = batched_block(xp, h, model.weights["layers"][i], config, rot, layer_caches, starts,
                           sizes, masks)  # [N, D]
@@ -70,10 +70,10 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
 
 
 def batch_hidden(model: Model, tokens: list[list[int]], caches: list[KVCache]) -> list:
-    """Model.hidden for B sequences in one call: feed tokens[b] at caches[b].length.., advance
-    each cache -> the last hidden states, one [T_b, D] array per sequence."""
+    """Model.hidden_states for B sequences in one call: feed tokens[b] at caches[b].length..,
+    advance each cache -> the last hidden states, one [T_b, D] array per sequence."""
     if len(caches) == 1 and getattr(model, "step_graphs", None) is not None:  # a CUDA graph
-        return [model.hidden(tokens[0], caches[0])]
+        return [model.hidden_states(tokens[0], caches[0])]
     starts = [c.length for c in caches]
     sizes = [len(t) for t in tokens]
     h = batch_run_layers(model, batch_embed(model, tokens, starts), caches, starts, sizes)
@@ -92,4 +92,4 @@ def batch_head(model: Model, hs: list, n_rows: list[int]) -> list:
     """The LM head on the last n_rows[b] rows of each sequence's hidden states, in one matmul
     -> one logits array [n_rows[b], V] per sequence."""
     rows = model.xp.concatenate([h[h.shape[0] - n:] for h, n in zip(hs, n_rows)])  # [sum, D]
-    return split(model.head(rows), n_rows)
+    return split(model.lm_head(rows), n_rows)

@@ -22,11 +22,12 @@ device buffers that the host fills before each replay, the new keys and values a
 their positions, and attention reads the cache up to each query's position, read on the device.
 
 `static_hidden` (and `static_head`) is that step on any xp with any kernels: tests run it on
-NumPy with the plain functions of model.py (`PlainKernels`) against Model.hidden. `StepGraphs`
-captures it on CuPy with `FusedKernels` and is what `enable(model)` hangs on the model:
-Model.hidden then replays a graph for every call of 1..max_tokens tokens (decode steps, chain
+NumPy with the plain functions of model.py (`PlainKernels`) against Model.hidden_states.
+`StepGraphs` captures it on CuPy with `FusedKernels` and is what `enable(model)` hangs on the
+model (a GraphedModel from then on): Model.hidden_states then replays a graph for every call of
+1..max_tokens tokens (decode steps, chain
 verify calls), minispec.tree.hidden_tree one for a tree's verify call of 1..max_tokens rows (its
-shape given as data: the rows' positions and which rows each one sees), Model.head one for
+shape given as data: the rows' positions and which rows each one sees), Model.lm_head one for
 1..max_tokens rows, and all take the plain path for anything else (prefill, larger trees, trees
 grown level by level, batches of several sequences).
 """
@@ -110,9 +111,9 @@ def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions, slo
 
 
 def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
-    """Model.hidden for T tokens `ids` at `positions` (device arrays, pos..pos+T-1) on `cache`,
-    without reading anything back to the host; does not change cache.length. The RoPE tables
-    must already cover cache.max_len positions (StepGraphs grows them before a capture).
+    """Model.hidden_states for T tokens `ids` at `positions` (device arrays, pos..pos+T-1) on
+    `cache`, without reading anything back to the host; does not change cache.length. The RoPE
+    tables must already cover cache.max_len positions (StepGraphs grows them before a capture).
 
     A tree call (minispec.tree.hidden_tree with done=0) gives `slots` (base..base+T-1, where the
     rows' keys go) apart from the positions (base + depth for a node) and `tree` [T] uint32, row
@@ -130,7 +131,7 @@ def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
 
 
 def static_head(model, kernels, h):
-    """Model.head (final norm, LM head, float32 logits) on `kernels`: h [T, D] -> [T, V]."""
+    """Model.lm_head (final norm, LM head, float32 logits) on `kernels`: h [T, D] -> [T, V]."""
     w = model.weights
     h = kernels.norm(h, w["norm_w"], w["norm_b"], model.config.norm_eps)  # [T, D]
     return kernels.linear(h, w["lm_head"]).astype("float32", copy=False)  # [T, V]
@@ -644,8 +645,8 @@ class _HeadGraph:
 
 
 class StepGraphs:
-    """Model.hidden for 1..max_tokens tokens as replayed CUDA graphs, one per (cache, T), and
-    (head=True) Model.head for 1..max_tokens rows, one graph per T.
+    """Model.hidden_states for 1..max_tokens tokens as replayed CUDA graphs, one per (cache, T), and
+    (head=True) Model.lm_head for 1..max_tokens rows, one graph per T.
 
     A graph is captured the first time a cache sees a call of T tokens (a warm-up step, then the
     capture: the cost of a few steps), and replayed after that; the `max_graphs` most recently
@@ -682,10 +683,10 @@ class StepGraphs:
                          (cache.k, cache.v))
         return cache
 
-    def hidden(self, tokens, cache):
-        """Model.hidden(tokens, cache) by a graph replay, or None where a graph does not serve
-        (more than max_tokens tokens, or a cache longer than MAX_CACHE: the caller then takes the
-        plain path)."""
+    def hidden_states(self, tokens, cache):
+        """Model.hidden_states(tokens, cache) by a graph replay, or None where a graph does not
+        serve (more than max_tokens tokens, or a cache longer than MAX_CACHE: the caller then
+        takes the plain path)."""
         m, t, pos = self.model, len(tokens), cache.length
         if not 1 <= t <= self.max_tokens or cache.max_len > MAX_CACHE:
             return None
@@ -698,8 +699,8 @@ class StepGraphs:
         cache.length = pos + t
         return g.h.copy()  # the graph's output buffer is rewritten by its next replay
 
-    def head(self, h):
-        """Model.head(h) by a graph replay (one per T, the final norm and the LM head with the
+    def lm_head(self, h):
+        """Model.lm_head(h) by a graph replay (one per T, the final norm and the LM head with the
         few-rows product), or None where a graph does not serve (more than max_tokens rows)."""
         t = h.shape[0]
         if self.heads is None or not 1 <= t <= self.max_tokens:
@@ -800,21 +801,21 @@ class GraphedModel(Model):
             return super().new_cache(max_len)
         return self.step_graphs.new_cache(max_len)
 
-    def head(self, h, lm_head=None):
-        """Model.head, a replayed graph for a few rows."""
-        if lm_head is None and self.step_graphs is not None:
-            logits = self.step_graphs.head(h)
+    def lm_head(self, h, rows=None):
+        """Model.lm_head, a replayed graph for a few rows."""
+        if rows is None and self.step_graphs is not None:
+            logits = self.step_graphs.lm_head(h)
             if logits is not None:
                 return logits
-        return super().head(h, lm_head)
+        return super().lm_head(h, rows)
 
-    def hidden(self, tokens, cache: KVCache):
-        """Model.hidden, a replayed graph for a few tokens."""
+    def hidden_states(self, tokens, cache: KVCache):
+        """Model.hidden_states, a replayed graph for a few tokens."""
         if self.step_graphs is not None:
-            h = self.step_graphs.hidden(tokens, cache)
+            h = self.step_graphs.hidden_states(tokens, cache)
             if h is not None:
                 return h
-        return super().hidden(tokens, cache)
+        return super().hidden_states(tokens, cache)
 
 
 def use(model, graphs: StepGraphs | None) -> None:

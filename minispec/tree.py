@@ -106,7 +106,7 @@ def tree_round(drafter: Drafter, context: list[int], cache, gamma: int, warp, ve
                         room=cache.max_len - len(context))
     t1 = time.perf_counter()
     hidden = drafter.target_forward(context[cache.length:], draft, cache)  # [m + n, D]
-    p = warp(drafter.target.head(hidden[-len(draft.tokens) - 1:]))  # [n+1, V]
+    p = warp(drafter.target.lm_head(hidden[-len(draft.tokens) - 1:]))  # [n+1, V]
     path, token = settle(verify, p, draft, rng)
     r = finish_round(drafter, context, cache, draft, path, token, hidden, eos)
     r.gamma, r.draft_seconds, r.verify_seconds = gamma, t1 - t0, time.perf_counter() - t1

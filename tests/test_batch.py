@@ -1,4 +1,4 @@
-"""Batches (minispec/batched.py, minispec/batch.py): the batched forward pass against each
+"""Batches (minispec/batch_forward.py, minispec/batch.py): the batched forward pass against each
 sequence's Model.logits, generate_batch against each sequence's own autoregressive decoding
 (greedy: token for token; sampled: the target's distribution), the random streams, continuous
 batching, and the load-aware policy's arithmetic. Speed is measured by `minispec crossover`,

@@ -30,17 +30,17 @@ def _static(m, kernels, tokens, cache):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_static_step_equals_the_plain_step(family):
     """Prefill, then steps of 1..5 tokens with rollbacks between them (stale keys past the cache
-    length must stay masked): the same hidden states as Model.hidden, on NumPy."""
+    length must stay masked): the same hidden states as Model.hidden_states, on NumPy."""
     m = random_model(tiny_config(family), seed=3, scale=0.3)
     kernels = cuda_graphs.PlainKernels(np)
     rng = np.random.default_rng(0)
     plain, static = m.new_cache(40), m.new_cache(40)
     prompt = rng.integers(0, 48, 6).tolist()
-    m.hidden(prompt, plain)
-    m.hidden(prompt, static)
+    m.hidden_states(prompt, plain)
+    m.hidden_states(prompt, static)
     for t in (1, 3, 5, 2, 1, 4):
         toks = rng.integers(0, 48, t).tolist()
-        a, b = m.hidden(toks, plain), _static(m, kernels, toks, static)
+        a, b = m.hidden_states(toks, plain), _static(m, kernels, toks, static)
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
         keep = plain.length - int(rng.integers(0, t))  # reject some of the tokens just fed
         plain.rollback(keep)
@@ -68,8 +68,8 @@ def test_static_tree_step_equals_the_plain_tree_call(family, m, parents):
     rng = np.random.default_rng(3)
     plain, static = mdl.new_cache(40), mdl.new_cache(40)
     prompt = rng.integers(0, 48, 7).tolist()
-    mdl.hidden(prompt, plain)
-    mdl.hidden(prompt, static)
+    mdl.hidden_states(prompt, plain)
+    mdl.hidden_states(prompt, static)
     prefix, tokens = rng.integers(0, 48, m).tolist(), rng.integers(0, 48, len(parents))
     a = hidden_tree(mdl, prefix, tokens, parents, plain)
     pos, bits = cuda_graphs.tree_inputs(mdl, parents, m, static)
@@ -91,7 +91,7 @@ def test_static_head_equals_the_plain_head(family):
     h = np.random.default_rng(0).standard_normal((3, m.config.hidden_size)).astype(np.float32)
     out = cuda_graphs.static_head(m, cuda_graphs.PlainKernels(np), h)
     assert out.dtype == np.float32 and out.shape == (3, m.vocab_size)
-    np.testing.assert_allclose(out, m.head(h), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out, m.lm_head(h), rtol=1e-6, atol=1e-6)
 
 
 def test_graphs_refuse_a_cpu_model():
@@ -121,8 +121,8 @@ def test_fused_kernels_equal_the_plain_pieces(family, dtype):
     tol = 1e-5 if dtype == "float32" else 5e-3
     c1, c2 = m.new_cache(48), m.new_cache(48)
     prompt = list(range(3, 9))
-    m.hidden(prompt, c1)
-    m.hidden(prompt, c2)
+    m.hidden_states(prompt, c1)
+    m.hidden_states(prompt, c2)
     for t in (1, 4, 9, 16):
         toks = [(7 * i + t) % 48 for i in range(t)]
         _close(_static(m, fused, toks, c1), _static(m, plain, toks, c2), tol)
@@ -157,17 +157,17 @@ def test_few_rows_products_do_not_depend_on_the_other_rows(dtype, d_in):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
 def test_graph_replays_equal_the_plain_path(family):
-    """Steps of 1..5 tokens with rollbacks, replayed from graphs, against Model.hidden."""
+    """Steps of 1..5 tokens with rollbacks, replayed from graphs, against Model.hidden_states."""
     m = random_model(tiny_config(family), seed=3, scale=0.3, device="gpu")
     rng = np.random.default_rng(1)
     plain, fast = m.new_cache(40), m.new_cache(40)
     prompt = rng.integers(0, 48, 6).tolist()
-    m.hidden(prompt, plain)
-    m.hidden(prompt, fast)
+    m.hidden_states(prompt, plain)
+    m.hidden_states(prompt, fast)
     graphs = cuda_graphs.StepGraphs(m)
     for t in (1, 3, 5, 1, 3, 1, 1, 5):
         toks = rng.integers(0, 48, t).tolist()
-        a, b = m.hidden(toks, plain), graphs.hidden(toks, fast)
+        a, b = m.hidden_states(toks, plain), graphs.hidden_states(toks, fast)
         assert fast.length == plain.length
         _close(b, a, 1e-5)
         keep = plain.length - int(rng.integers(0, t))
@@ -181,7 +181,7 @@ def test_graph_replays_equal_the_plain_path(family):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_head_replays_equal_the_plain_head(family, dtype):
-    """Model.head's graph (final norm, the few-rows product over the vocabulary, float32 out)
+    """Model.lm_head's graph (final norm, the few-rows product over the vocabulary, float32 out)
     against the plain head, for 1..16 rows; one capture per row count."""
     import cupy as cp
 
@@ -190,12 +190,12 @@ def test_head_replays_equal_the_plain_head(family, dtype):
     rng = np.random.default_rng(2)
     for t in (1, 5, 1, 16, 5):
         h = cp.asarray(rng.standard_normal((t, m.config.hidden_size)), dtype)
-        out = graphs.head(h)
+        out = graphs.lm_head(h)
         assert out.dtype == np.float32 and out.shape == (t, m.vocab_size)
-        _close(out, m.head(h), 1e-5 if dtype == "float32" else 2e-3)
+        _close(out, m.lm_head(h), 1e-5 if dtype == "float32" else 2e-3)
     assert graphs.captures == 3
-    assert graphs.head(cp.zeros((17, m.config.hidden_size), dtype)) is None  # past max_tokens
-    assert cuda_graphs.StepGraphs(m, head=False).head(h) is None
+    assert graphs.lm_head(cp.zeros((17, m.config.hidden_size), dtype)) is None  # past max_tokens
+    assert cuda_graphs.StepGraphs(m, head=False).lm_head(h) is None
 
 
 @needs_gpu
@@ -213,8 +213,8 @@ def test_tree_replays_equal_the_plain_tree_call(family):
     rng = np.random.default_rng(4)
     plain, fast = mdl.new_cache(64), mdl.new_cache(64)
     prompt = rng.integers(0, 48, 6).tolist()
-    mdl.hidden(prompt, plain)
-    mdl.hidden(prompt, fast)
+    mdl.hidden_states(prompt, plain)
+    mdl.hidden_states(prompt, fast)
     graphs = cuda_graphs.StepGraphs(mdl)
     shapes = [[-1, 0, 0, 1, 1, 2, 3], [-1, -1, 0, 1, 2, 2, 5], [-1, 0, 1, 2]]
     for m, parents in [(1, shapes[0]), (1, shapes[1]), (2, shapes[2]), (1, shapes[0])]:
@@ -228,7 +228,7 @@ def test_tree_replays_equal_the_plain_tree_call(family):
         keep_path(plain, path)
         keep_path(fast, path)
         toks = rng.integers(0, 48, 2).tolist()
-        _close(graphs.hidden(toks, fast), mdl.hidden(toks, plain), 1e-5)
+        _close(graphs.hidden_states(toks, fast), mdl.hidden_states(toks, plain), 1e-5)
     _close(cp.asarray(fast.k[:, :, :fast.length]), plain.k[:, :, :plain.length], 1e-5)
     assert graphs.captures == 3  # trees of 8 rows, of 6 rows, the chain step of 2
 

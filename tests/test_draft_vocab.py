@@ -13,7 +13,7 @@ from stats_helpers import sample_joint
 import minispec
 from minispec.drafters import load_eagle, load_medusa, make_drafter, random_eagle, random_medusa
 from minispec.drafters.files import find_head_dir, target_signature
-from minispec.drafters.vocab import DraftHead
+from minispec.drafters.vocab import DraftVocab
 from minispec.errors import MinispecError
 from minispec.loader import random_model
 from minispec.safetensors import SafetensorsFile, save_file
@@ -25,18 +25,18 @@ CUT = np.arange(0, V, 3)  # every third token: the target's greedy tokens are of
 
 
 def with_vocab(drafter, ids):
-    drafter.draft_head = DraftHead(drafter.target, ids)
+    drafter.draft_head = DraftVocab(drafter.target, ids)
     return drafter
 
 
 def test_the_cut_head_computes_the_kept_rows_and_nothing_else():
-    h = TARGET.hidden([3, 17, 5, 8], TARGET.new_cache(8))
-    full = np.asarray(TARGET.head(h))
-    cut = DraftHead(TARGET, CUT)(h)
+    h = TARGET.hidden_states([3, 17, 5, 8], TARGET.new_cache(8))
+    full = np.asarray(TARGET.lm_head(h))
+    cut = DraftVocab(TARGET, CUT)(h)
     np.testing.assert_allclose(cut[:, CUT], full[:, CUT], rtol=1e-5, atol=1e-5)
     assert np.isneginf(np.delete(cut, CUT, axis=1)).all()
-    np.testing.assert_array_equal(DraftHead(TARGET)(h), full)
-    assert DraftHead(TARGET, CUT).size == CUT.size and DraftHead(TARGET).size == V
+    np.testing.assert_array_equal(DraftVocab(TARGET)(h), full)
+    assert DraftVocab(TARGET, CUT).size == CUT.size and DraftVocab(TARGET).size == V
 
 
 @pytest.mark.parametrize("make", [

@@ -199,11 +199,11 @@ class CountingTarget(Model):
         super().__init__(ModelConfig(**{**CONFIG, "vocab_size": 8}), {}, xp=np, device="cpu",
                          dtype=np.float32, name="counting")
 
-    def hidden(self, tokens, cache):
+    def hidden_states(self, tokens, cache):
         cache.length += len(tokens)
         return np.asarray(tokens)  # the "hidden state" is the token itself
 
-    def head(self, h):
+    def lm_head(self, h):
         return 30.0 * np.eye(8, dtype=np.float32)[(h + 1) % 8]  # [T, V]
 
 
@@ -243,7 +243,7 @@ class CheckedEarlyExit(EarlyExitDrafter):
         for i in range(len(draft.tokens)):
             seq = list(context) + draft.tokens[:i].tolist()
             h = t.run_layers(t.embed(seq, 0), None, 0, 0, self.exit_layer)  # no cache
-            np.testing.assert_allclose(draft.q[i], warp_fn(t.head(h)[-1]), rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(draft.q[i], warp_fn(t.lm_head(h)[-1]), rtol=1e-4, atol=1e-6)
         return draft
 
     def target_forward(self, prefix, draft, cache):
@@ -258,7 +258,7 @@ class CheckedEarlyExit(EarlyExitDrafter):
         reference = self.target.logits(self.ids)[-len(tokens) :]
         # the cached path runs the few-rows kernel, the recompute BLAS: float32 sums in another
         # order, ~1e-4 apart on this random model's logits of magnitude ~10
-        np.testing.assert_allclose(to_host(self.target.head(hidden)), reference, rtol=1e-4,
+        np.testing.assert_allclose(to_host(self.target.lm_head(hidden)), reference, rtol=1e-4,
                                    atol=5e-4)
         return hidden
 
@@ -295,7 +295,7 @@ def test_early_exit_target_forward_recomputes_what_was_not_drafted():
     h2 = d.target_forward(seq[4:5], Draft(np.array(seq[5:]), np.ones((1, V)) / V), cache)
     assert cache.length == 5  # the context; the draft's keys and values wait after it
     reference = TARGET.logits(seq)
-    np.testing.assert_allclose(to_host(TARGET.head(np.vstack([h1, h2]))), reference, rtol=1e-4,
+    np.testing.assert_allclose(to_host(TARGET.lm_head(np.vstack([h1, h2]))), reference, rtol=1e-4,
                                atol=1e-4)
 
 

@@ -45,7 +45,7 @@ def _reference_drafts(target, drafter, context, gamma):
     for _ in range(gamma):
         x = to_host(drafter.fuse(np.array(pairs_f), pairs_x))
         g = to_host(drafter.layer.run_layers(x, None, 0))[-1]
-        d = int(np.argmax(to_host(target.head(g[None]))[0][: drafter.vocab_size]))
+        d = int(np.argmax(to_host(target.lm_head(g[None]))[0][: drafter.vocab_size]))
         drafts.append(d)
         pairs_f.append(g)
         pairs_x.append(d)
@@ -61,9 +61,9 @@ def test_cached_drafting_equals_a_recompute_from_scratch():
     context = prompt + result.tokens
     cache = TARGET.new_cache(64)
     drafter.start(context, cache)
-    h = TARGET.hidden(context, cache)  # as a verify call would have computed them
+    h = TARGET.hidden_states(context, cache)  # as a verify call would have computed them
     drafter.accept(context + [0], h)  # features of positions 0..len(context)-1
-    context = context + [int(np.argmax(to_host(TARGET.head(h[-1:]))[0]))]
+    context = context + [int(np.argmax(to_host(TARGET.lm_head(h[-1:]))[0]))]
     warp = minispec.Sampling(0.0).warp
     got = drafter.propose(context, 4, warp, np.random.default_rng(0)).tokens.tolist()
     assert got == _reference_drafts(TARGET, drafter, context, 4)

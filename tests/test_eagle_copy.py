@@ -61,7 +61,7 @@ def _expected(context, plain, gamma, min_n):
 def _draft(drafter, context, temperature, seed):
     cache = TARGET.new_cache(64)
     drafter.start(context, cache)
-    drafter.accept(context, TARGET.hidden(context[:-1], cache))
+    drafter.accept(context, TARGET.hidden_states(context[:-1], cache))
     return drafter.propose(context, 4, minispec.Sampling(temperature).warp,
                            np.random.default_rng(seed))
 

@@ -157,7 +157,7 @@ def test_a_measured_acceptance_ranks_a_dynamic_trees_nodes():
     def draft(drafter, temperature=0.0):
         cache = TARGET.new_cache(64)
         drafter.start(context, cache)
-        drafter.accept(context, TARGET.hidden(context[:-1], cache))
+        drafter.accept(context, TARGET.hidden_states(context[:-1], cache))
         return drafter.propose(context, 4, minispec.Sampling(temperature).warp,
                                np.random.default_rng(0))
 

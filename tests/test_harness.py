@@ -119,7 +119,7 @@ def test_early_exit_step_is_the_first_k_layers_and_the_head():
     step.forward(seq[:3], cache)
     logits = to_host(step.forward(seq[3:], cache))[-1]
     h = target.run_layers(target.embed(seq, 0), None, 0, 0, 2)
-    np.testing.assert_allclose(logits, to_host(target.head(h))[-1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logits, to_host(target.lm_head(h))[-1], rtol=1e-4, atol=1e-5)
     assert cache.length == 5
 
 

@@ -35,12 +35,12 @@ def test_greedy_medusa_is_autoregressive_decoding(shape):
 def test_heads_read_the_last_hidden_state_as_medusa_1_writes_them():
     drafter = random_medusa(TARGET, 2, seed=2, scale=0.3)
     cache = TARGET.new_cache(16)
-    h = TARGET.hidden([3, 4, 5], cache)
+    h = TARGET.hidden_states([3, 4, 5], cache)
     drafter.accept([3, 4, 5, 6], h)
     w, b = drafter.heads[1]  # stored transposed: h @ w
     a = h[-1] @ w + b
     z = h[-1] + a * expit(a)  # SiLU(a) = a sigmoid(a)
-    np.testing.assert_allclose(drafter.guesses()[1], TARGET.head(z[None])[0], rtol=1e-5,
+    np.testing.assert_allclose(drafter.guesses()[1], TARGET.lm_head(z[None])[0], rtol=1e-5,
                                atol=1e-5)
 
 

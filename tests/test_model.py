@@ -62,10 +62,10 @@ def test_pieces_compose_to_forward(family, device):
     h = m.embed(TOKENS[:7], 0)
     h = m.run_layers(h, cache, 0, 0, 1)
     h = m.run_layers(h, cache, 0, 1, m.n_layers)
-    np.testing.assert_allclose(to_host(m.head(h)), ref, atol=TOL, rtol=0)
+    np.testing.assert_allclose(to_host(m.lm_head(h)), ref, atol=TOL, rtol=0)
     assert cache.length == 0  # run_layers leaves the length to its caller
     # the first layer alone then the head: an early-exit drafter's view, deterministic
-    early = to_host(m.head(m.run_layers(m.embed(TOKENS[:7], 0), None, 0, 0, 1)))
+    early = to_host(m.lm_head(m.run_layers(m.embed(TOKENS[:7], 0), None, 0, 0, 1)))
     assert early.shape == ref.shape and not np.allclose(early, ref)
 
 
@@ -145,7 +145,7 @@ def test_bad_tokens_and_rollback():
         cache.rollback(4)
     with pytest.raises(MinispecError, match="0..3"):
         cache.rollback(-1)
-    with pytest.raises(MinispecError, match="start <= stop"):
+    with pytest.raises(MinispecError, match="first <= end"):
         m.run_layers(m.embed([1], 3), cache, 3, 1, 5)
 
 

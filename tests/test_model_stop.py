@@ -1,4 +1,4 @@
-"""The draft model's two options (minispec/drafters/model.py): `stop`, a chain ended where the
+"""The draft model's two options (minispec/drafters/draft_model.py): `stop`, a chain ended where the
 draft's own confidence falls below a threshold, and `draft_vocab`, only some rows of its LM head
 computed. Each draft equals what the draft model says recomputed from scratch; greedy output
 stays the target's, one sequence or a batch; sampled output keeps the target's law, and the same

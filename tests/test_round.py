@@ -1,4 +1,4 @@
-"""The round's contract (minispec/speculative.py, minispec/drafters/base.py): the verify step is
+"""The round's contract (minispec/core/speculative.py, minispec/core/drafter.py): the verify step is
 a parameter, every drafter is driven through the same four methods, what the drafter hands back
 is checked, what the target computed reaches the drafter, and minispec/ has no import cycle."""
 
@@ -136,7 +136,7 @@ def test_accept_receives_the_targets_hidden_states_of_the_kept_positions(tempera
         # are the logits a full recompute gives there
         n = hidden.shape[0]
         reference = TARGET.logits(context)[len(context) - 1 - n: len(context) - 1]
-        np.testing.assert_allclose(to_host(TARGET.head(hidden)), reference, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(to_host(TARGET.lm_head(hidden)), reference, rtol=1e-4, atol=1e-4)
     # every position but the last is handed over exactly once across the rounds
     assert sum(h.shape[0] for _, h in d.hidden) == len(PROMPT) + len(r.tokens) - 1
 

@@ -1,4 +1,4 @@
-"""Tests for minispec/sampling.py: warp (temperature, top-k, top-p) and sample."""
+"""Tests for minispec/core/sampling.py: warp (temperature, top-k, top-p) and sample."""
 
 import numpy as np
 import pytest

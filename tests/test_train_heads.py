@@ -56,7 +56,7 @@ def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path,
     context = [3, 17, 5, 8, 8, 1, 9]
     n = len(context)
     cache = target.new_cache(32)
-    hidden = target.hidden(np.array(context[:-1]), cache)  # f_0..f_{n-2}
+    hidden = target.hidden_states(np.array(context[:-1]), cache)  # f_0..f_{n-2}
     drafter.start(context, cache)
     drafter.accept(context, hidden)
     draft = drafter.propose(context, 2, minispec.Sampling(1.0).warp, np.random.default_rng(1))
@@ -74,7 +74,7 @@ def test_a_trained_head_drafts_in_minispec_what_it_drafted_in_training(tmp_path,
         g0, g1 = th.eagle_unroll(layer, fc, embed, f, x, 2)
 
         def q(g):  # the target's final norm and LM head, as both sides use them
-            return softmax(np.asarray(to_host(target.head(g.numpy()[None])))[0])
+            return softmax(np.asarray(to_host(target.lm_head(g.numpy()[None])))[0])
 
         # row i of step s guesses f_{i+1}: step 0's row n-2 drafts x_n, step 1's row n-1 x_{n+1}
         q_torch = [q(g0[0, n - 2]), q(g1[0, n - 1])]
@@ -108,7 +108,8 @@ def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
         out = minispec.autoregressive_generate(target, prompt, max_new_tokens=14,
                                                temperature=0.0)
         seq = np.array(prompt + out.tokens)
-        hidden = np.asarray(to_host(target.hidden(seq, target.new_cache(64))), dtype=np.float32)
+        hidden = np.asarray(to_host(target.hidden_states(seq, target.new_cache(64))),
+                            dtype=np.float32)
         seqs.append(seq)
         feats.append(torch.from_numpy(hidden))
         starts.append(len(prompt))
@@ -149,7 +150,7 @@ def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
                 drafter.accept(context, f[: start + 1].numpy())
                 q = drafter.propose(context, step + 1, warp, np.random.default_rng(0)).q[step]
                 h = f[start + 1 + step:start + 2 + step].numpy()
-                p = softmax(np.asarray(to_host(target.head(h)))[0])
+                p = softmax(np.asarray(to_host(target.lm_head(h)))[0])
                 y = seq[start + 2 + step]
                 top = np.argsort(-q, kind="stable")[:R]
                 if step == 0:

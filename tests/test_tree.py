@@ -34,9 +34,9 @@ def test_tree_forward_equals_each_paths_recompute_and_the_kept_path_is_a_plain_c
     context = rng.integers(0, 48, 9).tolist()  # longer than mistral's window of 6
     tokens = rng.integers(0, 48, len(PARENTS))
     cache = model.new_cache(40)
-    model.hidden(context[:-2], cache)  # the cache lacks the last two context tokens
+    model.hidden_states(context[:-2], cache)  # the cache lacks the last two context tokens
     h = hidden_tree(model, context[-2:], tokens, PARENTS, cache)  # [2 + 7, D]
-    logits = minispec.backend.to_host(model.head(h))
+    logits = minispec.backend.to_host(model.lm_head(h))
     assert cache.length == len(context)
     for i in range(len(PARENTS)):  # node i's row = the last row of context + its path
         seq = context + [int(tokens[j]) for j in _path_to(PARENTS, i)]
@@ -55,10 +55,10 @@ def test_a_tree_grown_level_by_level_equals_one_call():
     model = random_model(tiny_config(), seed=2, scale=0.5)
     tokens = np.array([5, 9, 11, 3, 30, 7, 8])
     full = model.new_cache(30)
-    model.hidden([1, 2, 3], full)
+    model.hidden_states([1, 2, 3], full)
     once = hidden_tree(model, [4], tokens, PARENTS, full)[1:]
     grown = model.new_cache(30)
-    model.hidden([1, 2, 3], grown)
+    model.hidden_states([1, 2, 3], grown)
     first = hidden_tree(model, [4], tokens[:2], PARENTS[:2], grown)[1:]
     rest = hidden_tree(model, [], tokens, PARENTS, grown, done=2)
     np.testing.assert_allclose(np.concatenate([first, rest]), once, rtol=1e-5, atol=1e-4)

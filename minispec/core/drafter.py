@@ -96,7 +96,7 @@ class Drafter:
         computed part of this call while drafting may override it to skip that work, with the
         same result.
         """
-        h = self.target.hidden(prefix + draft.tokens.tolist(), cache)  # [m + g, D]
+        h = self.target.hidden_states(prefix + draft.tokens.tolist(), cache)  # [m + g, D]
         cache.length -= len(draft.tokens)
         return h
 
@@ -195,8 +195,8 @@ class ModelDrafter(Drafter):
         tokens = np.empty(g, dtype=np.int64)
         q = np.empty((g, self.vocab_size))
         for i in range(g):
-            h = self.model.hidden(feed, self.cache)  # [T, D]
-            logits = self.model.head(h[-1:])[0]  # [V_draft]: only the row we sample from
+            h = self.model.hidden_states(feed, self.cache)  # [T, D]
+            logits = self.model.lm_head(h[-1:])[0]  # [V_draft]: only the row we sample from
             self.calls += 1
             q[i] = warp(logits)  # [V]
             tokens[i] = sample(q[i], rng)

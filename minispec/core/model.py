@@ -314,18 +314,18 @@ class Model:
             h = h + self.weights["pos_embed"][pos:pos + ids.shape[0]]  # + [T, D]
         return h
 
-    def run_layers(self, h, cache: KVCache | None, pos: int, start: int = 0,
-                   stop: int | None = None):
-        """Layers start..stop-1 on h [T, D] at positions pos..pos+T-1 -> [T, D].
+    def run_layers(self, h, cache: KVCache | None, pos: int, first: int = 0,
+                   end: int | None = None):
+        """Layers first..end-1 on h [T, D] at positions pos..pos+T-1 -> [T, D].
 
         Writes those layers' keys/values into `cache` at pos..pos+T-1 and attends over positions
         0..pos+T-1 of it; does not change cache.length (forward() does). cache None: no cache,
         the T tokens attend only to each other (pos must then be 0).
         """
-        stop = self.n_layers if stop is None else stop
-        if not 0 <= start <= stop <= self.n_layers:
-            raise MinispecError(f"run_layers: need 0 <= start <= stop <= {self.n_layers}, got "
-                                f"start={start}, stop={stop}")
+        end = self.n_layers if end is None else end
+        if not 0 <= first <= end <= self.n_layers:
+            raise MinispecError(f"run_layers: need 0 <= first <= end <= {self.n_layers}, got "
+                                f"first={first}, end={end}")
         t = h.shape[0]
         if cache is None and pos != 0:
             raise MinispecError(f"run_layers: without a cache pos must be 0, got {pos}")
@@ -338,23 +338,23 @@ class Model:
         # one new token sees every position so far, unless a sliding window hides some: no mask
         mask = (None if t == 1 and (window is None or pos < window)
                 else causal_mask(self.xp, pos, t, pos + t, window))  # [T, S]
-        for i in range(start, stop):
+        for i in range(first, end):
             layer_cache = None if cache is None else (cache.k[i], cache.v[i])
             h = block(self.xp, h, self.weights["layers"][i], self.config, rot, layer_cache, pos,
                       mask)  # [T, D] -> [T, D]
         return h
 
-    def head(self, h, lm_head=None):
-        """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device). lm_head:
+    def lm_head(self, h, rows=None):
+        """Final norm and LM head: h [T, D] -> logits [T, V] float32 (on the device). rows:
         other head weights [D, N] to use instead (a draft vocabulary's rows, drafters/vocab.py)."""
         w = self.weights
         h = norm(h, w["norm_w"], w["norm_b"], self.config.norm_eps)  # [T, D]
-        lm_head = w["lm_head"] if lm_head is None else lm_head
-        return linear(h, lm_head).astype("float32", copy=False)  # [T, D] -> [T, V]
+        return linear(h, w["lm_head"] if rows is None else rows).astype(
+            "float32", copy=False)  # [T, D] -> [T, V]
 
     # -- whole passes ---------------------------------------------------------------------------
 
-    def hidden(self, tokens, cache: KVCache):
+    def hidden_states(self, tokens, cache: KVCache):
         """Feed T tokens at positions cache.length.., advance the cache -> the last hidden state
         h [T, D] (before the final norm: what Medusa heads and EAGLE read)."""
         pos = cache.length
@@ -365,9 +365,9 @@ class Model:
 
     def forward(self, tokens, cache: KVCache):
         """Feed T tokens at positions cache.length.., advance the cache -> logits [T, V] float32."""
-        return self.head(self.hidden(tokens, cache))  # [T, D] -> [T, V]
+        return self.lm_head(self.hidden_states(tokens, cache))  # [T, D] -> [T, V]
 
     def logits(self, token_ids) -> np.ndarray:
         """The reference: logits at every position of a fresh sequence, no cache -> host [n, V]."""
         h = self.run_layers(self.embed(token_ids, 0), None, 0)  # [n, D]
-        return to_host(self.head(h))  # [n, V]
+        return to_host(self.lm_head(h))  # [n, V]

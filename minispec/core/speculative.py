@@ -80,6 +80,8 @@ def eos_ids(eos) -> tuple[int, ...]:
 
 # ---- gamma: how many drafts a round asks for ----------------------------------------------------
 
+DEFAULT_GAMMA = 4  # drafts per round unless told otherwise (the API, the command line, benchmarks)
+
 
 class FixedGamma:
     """The same gamma every round."""
@@ -167,7 +169,7 @@ class Round:
     emitted: list[int]  # added to the output: drafted[:accepted] + [token], cut after an EOS
     gamma: int = 0  # the depth asked for this round (the drafter may propose less)
     depth: int = 0  # the positions drafted: len(drafted) for a chain, a tree's deepest path
-    stopped: bool = False  # an EOS was emitted
+    hit_eos: bool = False  # an EOS was emitted
     # timings, left out of comparisons: two runs with one seed have equal rounds
     draft_seconds: float = field(default=0.0, compare=False)  # in drafter.propose
     verify_seconds: float = field(default=0.0, compare=False)  # target call, verify, accept
@@ -257,7 +259,7 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
     #    in round 1) and the g drafts: its last g + 1 rows give p_0..p_g, the target's
     #    distributions after each draft prefix
     hidden = drafter.target_forward(context[cache.length:], draft, cache)  # [m + g, D]
-    p = warp(drafter.target.head(hidden[-len(draft.tokens) - 1:]))  # [g+1, V]
+    p = warp(drafter.target.lm_head(hidden[-len(draft.tokens) - 1:]))  # [g+1, V]
 
     # 3. keep a prefix of the drafts, then the target's correction or bonus token
     accepted, token = settle(verify, p, draft, rng)
@@ -303,7 +305,7 @@ def end_round(drafter: Drafter, context: list[int], drafted: list[int], emitted:
         drafter.accept(context, kept_hidden)
     return Round(drafted=drafted, accepted=len(emitted) - 1, token=emitted[-1],
                  kind="bonus" if bonus else "correction", emitted=out, depth=depth,
-                 stopped=stop is not None)
+                 hit_eos=stop is not None)
 
 
 def check_draft(draft, gamma: int, drafter) -> Draft:
@@ -353,7 +355,7 @@ def check_emitted(emitted, drafts: list[int], V: int, verify) -> list[int]:
 
 
 def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Request, *,
-             gamma=4, verify: VerifyFn = verify,
+             gamma=DEFAULT_GAMMA, verify: VerifyFn = verify,
              on_round: Callable[[Round], None] | None = None) -> GenerationResult:
     """Decode `request.max_new_tokens` tokens after `prompt_ids` from `target`, in rounds.
 
@@ -382,7 +384,7 @@ def generate(target: Model, drafter, prompt_ids, sampling: Sampling, request: Re
         policy.update(r.depth, r.accepted)  # positions, not nodes: a tree's depth is its gamma
         if on_round is not None:
             on_round(r)
-        if r.stopped:
+        if r.hit_eos:
             break
     return generation_result(context, prompt, stats, drafter.calls, start)
 
@@ -422,7 +424,7 @@ def generation_result(context: list[int], prompt: list[int], stats: Stats, draft
     """The finished generation: its new tokens, why it stopped, its stats with the totals."""
     stats.draft_calls = draft_calls
     stats.total_seconds = time.perf_counter() - start
-    stopped = bool(stats.rounds) and stats.rounds[-1].stopped
+    stopped = bool(stats.rounds) and stats.rounds[-1].hit_eos
     return GenerationResult(tokens=context[len(prompt):],
                             stop_reason="eos" if stopped else "length", stats=stats)
 
@@ -473,7 +475,7 @@ def check_prompt(target, prompt_ids, request: Request) -> tuple[list[int], int]:
 # ---- the two functions users call ---------------------------------------------------------------
 
 
-def speculative_generate(target, drafter, prompt_ids, *, gamma: int | str = 4,
+def speculative_generate(target, drafter, prompt_ids, *, gamma: int | str = DEFAULT_GAMMA,
                          max_new_tokens: int, temperature: float, top_k: int = 0,
                          top_p: float = 1.0, eos_token_id: int | Sequence[int] | None = None,
                          seed: int | None = None, verify: VerifyFn = verify) -> GenerationResult:

@@ -3,6 +3,20 @@
 Leviathan et al. 2023, Algorithm 1 and section 2.3; Chen et al. 2023, Algorithm 2. A pure function
 of arrays and a random generator, so it can be tested alone and swapped: `speculative_generate`
 takes any function with this signature as its `verify` parameter.
+
+The words, as minispec and its docs use them:
+  drafted     the g tokens a drafter proposed this round (x_1..x_g), each drawn from its row of q
+  accepted    the drafts the target kept: always a prefix of the drafted (0..g of them)
+  correction  the token drawn from norm(max(0, p - q)) in place of the first rejected draft
+  bonus       the token drawn from the target's own p after the last draft, when all g were kept
+  emitted     what a round adds to the output: the accepted drafts, then the correction or bonus
+  positions   the depth of what was drafted: g for a chain (a tree's deepest path, minispec/tree.py)
+  p, q        the target's and the drafter's distributions after warping (sampling.py): rows of V
+              probabilities; p has one row more than q, the row after the last draft
+  verify      this step alone; the round's target call is the drafter's `target_forward`
+  gamma       the drafts a round asks for (the drafter may propose fewer, g <= gamma)
+  warp        logits -> the distribution to sample: `warp(logits, temperature, top_k, top_p)`;
+              a drafter receives it with the settings bound, as a function of logits alone
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from ..core.drafter import Draft, ModelDrafter
 from ..core.sampling import sample
 from ..core.sampling import warp as softmax  # at temperature 1: the plain softmax
 from ..errors import MinispecError
-from .vocab import DraftHead
+from .vocab import DraftVocab
 
 
 class TunedModelDrafter(ModelDrafter):
@@ -43,7 +43,7 @@ class TunedModelDrafter(ModelDrafter):
                                      and 0 <= stop < 1):
             raise MinispecError(f"model: stop must be a probability in [0, 1), got {stop!r:.40}")
         self.stop = None if stop is None else float(stop)
-        self.draft_head = None if draft_vocab is None else DraftHead(
+        self.draft_head = None if draft_vocab is None else DraftVocab(
             model, draft_vocab, "model draft_vocab")
 
     def propose(self, context, gamma, warp, rng) -> Draft:

@@ -64,7 +64,7 @@ from ..tree import TreeDrafter, tree_layers
 from .files import read_head_dir
 from .ngram import copy_from, find_ngram, one_hot
 from .tree_model import check_shape, children, sibling_mode
-from .vocab import DraftHead, read_draft_vocab
+from .vocab import DraftVocab, read_draft_vocab
 
 
 class EagleDrafter(TreeDrafter):
@@ -149,7 +149,7 @@ class EagleDrafter(TreeDrafter):
                                 f"{' with a tree' if shape is not None else ''}")
         self.copy = None if copy is None else int(copy)
         self.acceptance = acceptance
-        self.draft_head = DraftHead(target, draft_vocab, "eagle draft_vocab")
+        self.draft_head = DraftVocab(target, draft_vocab, "eagle draft_vocab")
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class EarlyExitDrafter(Drafter):
 
     def propose_batch(self, drafters, contexts, gammas, warp, rngs) -> list[Draft]:
         """Each sequence's chain of drafts, one call of layers 0..k-1 per step for every
-        sequence still drafting (minispec/batched.py). The first call also feeds what a target
+        sequence still drafting (minispec/batch_forward.py). The first call also feeds what a target
         cache lacks (the last context token; the prompt at first)."""
         target, k = self.target, self.exit_layer
         feed, gs = [], []
@@ -118,10 +118,10 @@ class EarlyExitDrafter(Drafter):
             d._fed, d._h = [], []
         return split(h, sizes)
 
-    def run_layers(self, h, caches, starts: list[int], sizes: list[int], start: int, stop: int):
-        """The target's layers start..stop-1 for a batch of sequences (batched.batch_run_layers):
-        every layer computation of this drafter goes through here."""
-        return batch_run_layers(self.target, h, caches, starts, sizes, start, stop)
+    def run_layers(self, h, caches, starts: list[int], sizes: list[int], first: int, end: int):
+        """The target's layers first..end-1 for a batch of sequences (batch_run_layers): every
+        layer computation of this drafter goes through here."""
+        return batch_run_layers(self.target, h, caches, starts, sizes, first, end)
 
     def reusable(self, tokens: list[int], cache) -> tuple[list, int]:
         """The layer-k hidden states drafting kept for the first n of `tokens`, and n (0 when

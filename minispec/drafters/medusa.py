@@ -36,7 +36,7 @@ from ..safetensors import SafetensorsFile
 from ..tree import TreeDrafter
 from .files import read_head_dir
 from .tree_model import check_shape, children, sibling_mode
-from .vocab import DraftHead, read_draft_vocab
+from .vocab import DraftVocab, read_draft_vocab
 
 
 class MedusaDrafter(TreeDrafter):
@@ -69,7 +69,7 @@ class MedusaDrafter(TreeDrafter):
         if len(self.shape) > len(self.heads):
             raise MinispecError(f"medusa tree: {len(self.shape)} levels asked for, but only "
                                 f"{len(self.heads)} heads")
-        self.draft_head = DraftHead(target, draft_vocab, "medusa draft_vocab")
+        self.draft_head = DraftVocab(target, draft_vocab, "medusa draft_vocab")
         self.h, self.seen = None, 0  # the last hidden state, and the context length it is for
 
     def start(self, prompt_ids, cache) -> None:

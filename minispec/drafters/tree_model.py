@@ -134,7 +134,7 @@ class TreeModelDrafter(TreeDrafter):
         h = hidden_tree(model, prefix, [], [], cache)[-1:]  # [1, D]: after the context
         frontier, mode = [-1], None  # the nodes whose children this level adds
         for d, k in enumerate(levels):
-            logits = to_host(model.head(h))[:, : self.vocab_size]  # [len(frontier), V]
+            logits = to_host(model.lm_head(h))[:, : self.vocab_size]  # [len(frontier), V]
             self.calls += 1
             probs = warp(logits)  # [len(frontier), V]: the draft's distribution after each node
             mode = mode or sibling_mode(probs[0])

@@ -22,7 +22,7 @@ from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 
 
-class DraftHead:
+class DraftVocab:
     """The target's final norm and LM head for a drafter: over the whole vocabulary (ids None),
     or over the rows `ids` only (ascending token ids), the other logits -inf (q = 0 there)."""
 
@@ -53,9 +53,9 @@ class DraftHead:
     def __call__(self, h) -> np.ndarray:
         """Hidden states h [T, D] -> logits [T, V] float32 on the host, -inf outside the cut."""
         if self.ids is None:
-            return to_host(self.target.head(h))[:, : self.V]
+            return to_host(self.target.lm_head(h))[:, : self.V]
         out = np.full((h.shape[0], self.V), -np.inf, dtype=np.float32)
-        out[:, self.ids] = to_host(self.target.head(h, self.w))
+        out[:, self.ids] = to_host(self.target.lm_head(h, self.w))
         return out
 
 

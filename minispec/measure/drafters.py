@@ -29,7 +29,7 @@ import numpy as np
 
 from ..backend import blas_threads
 from ..core.sampling import Sampling
-from ..core.speculative import Request, generate
+from ..core.speculative import DEFAULT_GAMMA, Request, generate
 from ..drafters import (
     EAGLE_COPY,
     EAGLE_STOP,
@@ -40,6 +40,7 @@ from ..drafters import (
 )
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
+from ..options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
 from ..shipped import path_arg
 from ..tree import hidden_tree
 from . import harness
@@ -71,7 +72,7 @@ TREES = ("model-tree", "medusa", "eagle", "eagle-2")  # rows that can draft tree
 TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2, 1)]
 
 
-def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = 4,
+def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = DEFAULT_GAMMA,
                  max_new_tokens: int = 64, repeats: int = 1, seed: int = 0,
                  rows=DRAFTER_ROWS) -> list[dict]:
     """One dict per method (autoregressive first) for one temperature."""
@@ -149,13 +150,13 @@ def tree_costs(target, shapes=TREE_SHAPES, context: int = 64, repeats: int = 20)
     cases += [(f"chain {d}", p) for d, p in chains.items()]
     cases += [(",".join(map(str, s)), p) for s, p in trees.items()]
     cache = target.new_cache(context + 1 + max(len(p) for _, p in cases))
-    target.hidden(ids[:-1], cache)
+    target.hidden_states(ids[:-1], cache)
     times: dict[str, list[float]] = {name: [] for name, _ in cases}
     for i in range(repeats + 2):  # round-robin, the first two passes untimed
         for name, parents in cases:
             t0 = time.perf_counter()
             h = hidden_tree(target, ids[-1:], np.full(len(parents), 5), parents, cache)
-            target.head(h)
+            target.lm_head(h)
             harness._sync(target)  # (on the GPU: the call's work, not only its launches)
             cache.rollback(context - 1)
             if i >= 2:
@@ -224,20 +225,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="prompt file, prompts.json format or one prompt per line")
     ap.add_argument("--num-prompts", type=int, default=10, help="prompts used")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt")
-    ap.add_argument("--gamma", type=int, default=4, help="chain length / tree depth")
+    add_gamma(ap, auto=False, what="chain length / tree depth")
     ap.add_argument("--temperatures", default="0,1", help="comma-separated temperatures")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes (median)")
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu",
-                    help="where the models run")
-    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                    help="the models' compute dtype (float16 is for the GPU, where a verify "
-                    "call's weight products then run on the tensor cores)")
+    add_threads(ap)
+    add_device(ap)
+    add_dtype(ap)
     ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
                     help="on the GPU: calls of a few tokens replayed as CUDA graphs "
                     "(minispec/cuda_graphs.py)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
+    args.gamma = parse_gamma(args.gamma, auto=False)
     from ..cuda_graphs import enable_where_supported
     from ..loader import load
 

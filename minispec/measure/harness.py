@@ -257,7 +257,7 @@ class FirstLayers:
         m, pos = self.model, cache.length
         h = m.run_layers(m.embed(tokens, pos), cache, pos, 0, self.layers)  # [T, D]
         cache.length = pos + h.shape[0]
-        return m.head(h[-1:])  # [1, V]: the row a draft is sampled from
+        return m.lm_head(h[-1:])  # [1, V]: the row a draft is sampled from
 
 
 def draft_step_model(drafter, target=None, draft_model=None, exit_layer: int | None = None):
