@@ -41,6 +41,7 @@ from .core.drafter import Drafter, ModelDrafter, NoDrafter
 from .core.model import Model
 from .core.sampling import Sampling
 from .core.speculative import (
+    DEFAULT_GAMMA,
     GenerationResult,
     Request,
     Stats,
@@ -237,7 +238,7 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
         h = batch_run_layers(model, batch_embed(model, [ids[context:context + k]] * B,
                                                 [context] * B), caches, [context] * B,
                              [k] * B, 0, layers)
-        model.head(h)
+        model.lm_head(h)
         return time.perf_counter() - t0
 
     calls = [(target, B, k, None, ("verify", B, k)) for B in batch_sizes
@@ -300,7 +301,7 @@ class BatchDecoder:
     calibration). verify: the speculative step, as in speculative_generate.
     """
 
-    def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=4,
+    def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=DEFAULT_GAMMA,
                  verify=minispec_verify, costs: BatchCosts | None = None,
                  max_batch: int | None = None) -> None:
         self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
@@ -373,7 +374,7 @@ class BatchDecoder:
             r.verify_seconds = time.perf_counter() - t1
             s.stats.add(r)
             (self.load_aware or s.policy).update(r.depth, r.accepted)
-            if r.stopped or s.left <= 0:
+            if r.hit_eos or s.left <= 0:
                 done.append((s.slot, generation_result(s.context, s.prompt, s.stats,
                                                        s.drafter.calls, s.started)))
         finished = {slot for slot, _ in done}  # its latency, from add()
@@ -381,7 +382,7 @@ class BatchDecoder:
         return done
 
 
-def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=4,
+def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=DEFAULT_GAMMA,
                    max_new_tokens: int, temperature: float, top_k: int = 0,
                    top_p: float = 1.0, eos_token_id=None, seed: int | None = None,
                    verify=minispec_verify, costs: BatchCosts | None = None

@@ -22,6 +22,7 @@ from .core.speculative import Request
 from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
+from .options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
 from .shipped import SHIPPED, resolve  # weights/ in a checkout, or the copy a wheel installed
 from .tokenizer import SPACE, show_token
 
@@ -129,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "only their rows of the draft's LM head")
     ap.add_argument("--prompt", default=None,
                     help="prompt text; without it, an interactive prompt")
-    ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
+    add_gamma(ap)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     ap.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
@@ -137,14 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="new tokens to generate (at most what the context leaves; a notice says "
                     "when it caps)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the drafts)")
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto",
-                    help="auto: the GPU when CuPy sees one")
-    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                    help="compute dtype (float16 is for the GPU, where a verify call's weight "
-                    "products then run on the tensor cores)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="BLAS threads for NumPy (default 1: a decode step's small matmuls are "
-                    "faster on one thread on small or busy machines; raise it for large models)")
+    add_device(ap)
+    add_dtype(ap)
+    add_threads(ap)
     ap.add_argument("--compare", action="store_true",
                     help="also decode autoregressively and print the speedup")
     ap.add_argument("--trace", action="store_true",
@@ -165,18 +161,6 @@ def parse_dynamic(text: str) -> tuple[int, int]:
         raise MinispecError(f"--dynamic: expected BEAM,NODES like 4,16, got {text!r:.40}") \
             from None
     return beam, nodes
-
-
-def parse_gamma(text: str) -> int | str:
-    if text.lower() == "auto":
-        return "auto"
-    try:
-        gamma = int(text)
-    except ValueError:
-        gamma = 0
-    if gamma < 1:
-        raise MinispecError(f"gamma: expected a positive integer or 'auto', got {text!r}")
-    return gamma
 
 
 class Session:

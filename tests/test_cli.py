@@ -413,7 +413,7 @@ def test_the_no_color_trace_shows_spaces_inside_tokens():
 
     pieces = {0: "file", 1: " =", 2: " self", 3: "\n"}
     r = Round(drafted=[1, 2, 0], accepted=2, token=3, kind="correction", emitted=[1, 2, 3],
-              gamma=3, draft_seconds=0.0, verify_seconds=0.0, stopped=False)
+              gamma=3, draft_seconds=0.0, verify_seconds=0.0, hit_eos=False)
     line = render_trace([r], lambda ids: "".join(pieces[i] for i in ids), False).splitlines()[1]
     assert line == "round   1 | ·= ·self ~file~ [->\\n]"  # was "file  =  self": unreadable
     # a tree round (more nodes than its depth): its nodes off the kept path are counted, not

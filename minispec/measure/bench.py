@@ -46,6 +46,7 @@ from ..backend import blas_threads, kernel_available, use_kernel
 from ..core.sampling import Sampling
 from ..drafters import EAGLE_COPY, EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
 from ..errors import MinispecError
+from ..options import add_device, add_gamma, add_threads, parse_gamma
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
@@ -101,13 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="prompt file, prompts.json format or one prompt per line "
                     "(default: %(default)s)")
     ap.add_argument("--num-prompts", type=int, default=20, help="first N prompts (0 = all)")
-    ap.add_argument("--gamma", default="4", help="draft tokens per round, or 'auto'")
+    add_gamma(ap)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="BLAS threads for numpy (and torch) during the run (default 1)")
+    add_device(ap)
+    add_threads(ap)
     ap.add_argument("--hf", choices=["auto", "on", "off"], default="auto",
                     help="also run transformers' generate and assisted generation "
                     "(auto: when torch and transformers are installed)")
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 2, 8, 1
     step_repeats, copy_big = (3, 16 * 2**20) if args.quick else (30, 1024 * 2**20)
-    gamma = "auto" if args.gamma == "auto" else int(args.gamma)
+    gamma = args.gamma
     use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
@@ -802,6 +802,7 @@ def plot(report: dict, path: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
+    args.gamma = parse_gamma(args.gamma)
     alone = args.draft.lower() == "none"
     if args.assistant is not None and not alone:
         raise MinispecError("--assistant: only with --draft none (with a draft, the draft is "

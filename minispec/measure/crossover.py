@@ -31,8 +31,9 @@ import numpy as np
 from ..backend import blas_threads
 from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
 from ..core.sampling import Sampling
-from ..core.speculative import Request
+from ..core.speculative import DEFAULT_GAMMA, Request
 from ..errors import MinispecError
+from ..options import add_gamma, add_threads, parse_gamma
 from ..shipped import path_arg
 from . import harness
 from .sweep import need_matplotlib, save
@@ -40,7 +41,7 @@ from .sweep import need_matplotlib, save
 METHODS = ("plain", "speculative", "load-aware")
 
 
-def crossover(target, draft, prompts, *, batch_sizes, gamma: int = 4,
+def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA,
               max_new_tokens: int = 32, repeats: int = 1, costs: BatchCosts | None = None
               ) -> dict:
     """Tokens per second of plain, speculative (fixed gamma) and load-aware decoding of the
@@ -96,7 +97,7 @@ def _crossover_batch(rows) -> int | None:
 
 
 def serve(target, draft, prompts, *, rates, requests: int = 32, slots: int = 16,
-          gamma: int = 4, max_new_tokens: int = 32, seed: int = 0,
+          gamma: int = DEFAULT_GAMMA, max_new_tokens: int = 32, seed: int = 0,
           costs: BatchCosts | None = None) -> dict:
     """The simulated server: for each arrival rate (requests per second of the clock) and each
     mode, the same Poisson arrivals of `requests` held-out prompts, continuous batching with at
@@ -248,9 +249,9 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=path_arg, default="shipped:prompts.json",
                     help="prompt file, prompts.json format or one prompt per line "
                     "(default: %(default)s)")
-    ap.add_argument("--gamma", type=int, default=4, help="speculative decoding's fixed gamma")
+    add_gamma(ap, auto=False, what="speculative decoding's fixed gamma")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per sequence")
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
+    add_threads(ap)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="PNG", default=None,
                     help="write a plot (needs the plot extra: pip install 'minispec[plot]')")
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
     args = ap.parse_args(argv)
+    args.gamma = parse_gamma(args.gamma, auto=False)
     sizes = _ints(args.batch, "--batch")
     need_matplotlib(args.plot)  # before a long measurement, not after it
     with blas_threads(args.threads):
@@ -309,6 +311,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=32, help="requests per rate and mode")
     ap.add_argument("--slots", type=int, default=16, help="the batch's most sequences")
     args = ap.parse_args(argv)
+    args.gamma = parse_gamma(args.gamma, auto=False)
     rates = _ints(args.rates, "--rates", float)
     need_matplotlib(args.plot)
     with blas_threads(args.threads):

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MinispecError
+from ..options import add_device, add_dtype
 from ..shipped import display, path_arg
 from . import harness
 
@@ -191,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--random-llama-1b", type=Path, default=None, metavar="DIR",
                     help="write a random 1.2B Llama-shaped checkpoint to DIR (needs torch and "
                     "transformers) and measure it instead of --target")
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
-    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32")
+    add_device(ap)
+    add_dtype(ap)
     ap.add_argument("--new-tokens", type=int, default=64, help="greedy tokens generated")
     ap.add_argument("--repeats", type=int, default=20, help="timed calls per k (median)")
     ap.add_argument("--hf", choices=["on", "off"], default="on",

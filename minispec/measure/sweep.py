@@ -39,6 +39,7 @@ from ..core.sampling import Sampling
 from ..core.speculative import Request, generate
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
+from ..options import add_device, add_threads
 from ..shipped import SHIPPED, display
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
@@ -238,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per setting (median)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="BLAS threads during the run")
-    ap.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
+    add_threads(ap)
+    add_device(ap)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="PNG", default=None,
                     help="draw measured and predicted speedup against gamma (needs the plot "

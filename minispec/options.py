@@ -1,0 +1,56 @@
+"""The command-line options every subcommand shares: one flag, one default, one parser each.
+
+`python -m minispec` and its subcommands (bench, sweep, drafters, roofline, crossover, serve,
+real) add these with the functions below, so `--gamma`, `--device`, `--dtype` and `--threads`
+mean the same and default the same everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .core.speculative import DEFAULT_GAMMA, gamma_policy
+from .errors import MinispecError
+
+DEVICES = ("auto", "cpu", "gpu")  # auto: the GPU when CuPy sees one, else the CPU
+DTYPES = ("float32", "float16")
+
+
+def parse_gamma(text, *, auto: bool = True) -> int | str:
+    """A --gamma value: a positive integer, or 'auto' where `auto` (gamma_policy checks it)."""
+    text = str(text).strip()
+    if auto and text.lower() == "auto":
+        return "auto"
+    try:
+        gamma = int(text)
+    except ValueError:
+        gamma = None
+    try:
+        gamma_policy(gamma)
+    except MinispecError:
+        what = "a positive integer or 'auto'" if auto else "a positive integer"
+        raise MinispecError(f"gamma: expected {what}, got {text!r}") from None
+    return gamma
+
+
+def add_gamma(ap: argparse.ArgumentParser, *, auto: bool = True, what: str = "") -> None:
+    """--gamma (a string until parse_gamma reads it, so that a bad value is one clear line)."""
+    ap.add_argument("--gamma", default=str(DEFAULT_GAMMA),
+                    help=(what or "draft tokens per round") + (", or 'auto'" if auto else ""))
+
+
+def add_device(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--device", choices=DEVICES, default="auto",
+                    help="where the models run (auto: the GPU when CuPy sees one)")
+
+
+def add_dtype(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="compute dtype (float16 is for the GPU, where a verify call's weight "
+                    "products then run on the tensor cores)")
+
+
+def add_threads(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--threads", type=int, default=1,
+                    help="BLAS threads for NumPy during the run (a decode step's small matmuls "
+                    "are fastest on one thread on small or busy machines)")
