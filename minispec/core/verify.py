@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import MinispecError
+from .checks import check_verify_args
 from .sampling import sample
-
-ROW_SUM_TOLERANCE = 1e-6  # a probability row may miss 1 by float64 round-off, not by more
 
 
 def verify(p, q, draft_tokens, rng: np.random.Generator) -> np.ndarray:
@@ -66,39 +64,3 @@ def verify(p, q, draft_tokens, rng: np.random.Generator) -> np.ndarray:
         return np.array(emitted, dtype=np.int64)
     emitted.append(sample(p[g], rng))  # all accepted: the bonus token, from the target for free
     return np.array(emitted, dtype=np.int64)
-
-
-def check_verify_args(p, q, draft_tokens, rng):
-    """verify's arguments as float64/int64 arrays, or MinispecError naming the one that is wrong:
-    shapes [g+1, V], [g, V], [g]; finite rows of probabilities that sum to 1; token ids in
-    0..V-1; a numpy Generator."""
-    if not isinstance(rng, np.random.Generator):
-        raise MinispecError(f"verify: rng must be a numpy.random.Generator, got "
-                            f"{type(rng).__name__}")
-    try:
-        p = np.asarray(p, dtype=np.float64)
-        q = np.asarray(q, dtype=np.float64)
-        tokens = np.asarray(draft_tokens)
-    except (TypeError, ValueError) as e:
-        raise MinispecError(f"verify: p, q and draft_tokens must be arrays of numbers ({e})") \
-            from None
-    if tokens.ndim != 1 or (tokens.size and not np.issubdtype(tokens.dtype, np.integer)):
-        raise MinispecError(f"verify: draft_tokens must be a 1-D array of integer ids, got shape "
-                            f"{tokens.shape} dtype {tokens.dtype}")
-    g = tokens.size
-    if p.ndim != 2 or p.shape[0] != g + 1 or p.shape[1] < 1 or q.shape != (g, p.shape[1]):
-        raise MinispecError(f"verify: expected p [g+1, V], q [g, V] for g = {g} draft tokens "
-                            f"(V >= 1), got p {p.shape} and q {q.shape}")
-    for name, rows in (("p", p), ("q", q)):
-        if rows.size and not (np.isfinite(rows).all() and rows.min() >= 0):
-            raise MinispecError(f"verify: {name} must hold finite probabilities >= 0")
-        sums = rows.sum(axis=1)
-        if np.abs(sums - 1.0).max(initial=0.0) > ROW_SUM_TOLERANCE:
-            bad = int(np.argmax(np.abs(sums - 1.0)))
-            raise MinispecError(f"verify: each row of {name} must sum to 1, row {bad} sums to "
-                                f"{sums[bad]:.9g}")
-    if g and (tokens.min() < 0 or tokens.max() >= p.shape[1]):
-        bad = int(tokens.min() if tokens.min() < 0 else tokens.max())
-        raise MinispecError(f"verify: draft token {bad} is outside the vocabulary "
-                            f"0..{p.shape[1] - 1}")
-    return p, q, tokens.astype(np.int64)
