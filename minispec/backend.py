@@ -85,32 +85,50 @@ def to_host(a) -> np.ndarray:
 # 2 rows cost 2-4x one row. `few_rows_matmul` below reads each weight once for all rows. Weights
 # are stored one output per row (loader.py keeps the checkpoint's [D_out, D_in] and hands model.py
 # the transposed view w [D_in, D_out]), so each output's weights are one contiguous stream.
+#
+# Weights as stored. A bfloat16 checkpoint's weights can stay 16-bit in memory: NumPy has no
+# bfloat16, so they are kept as uint16 arrays holding the top half of each float32 (`BF16`), and
+# the kernels widen each weight in a register (bfloat16 -> float32 is exact: the 16 bits become
+# the high half of the float32), then multiply and accumulate in float32 as for float32 weights,
+# in the same order: the same bits out, for half the bytes read. `widen` is the NumPy reference.
+
+BF16 = np.dtype(np.uint16)  # how a bfloat16 weight is held on the CPU
+
+
+def widen(w: np.ndarray) -> np.ndarray:
+    """A bfloat16 weight held as uint16 (BF16) -> float32, exactly; a float32 one unchanged."""
+    if w.dtype != BF16:
+        return w
+    return (w.astype(np.uint32) << 16).view(np.float32)  # same shape; a view of a new array
 
 KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
 
+_KERNEL_WEIGHTS = (np.dtype(np.float32), BF16)
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
 _kernels: tuple | None = None  # (1 row, tails, 2+ rows), compiled on first use; () if no numba
-_prefetch = _eight = _tail = None  # numba functions the kernels call, made with them
+_prefetch = _eight = _tail = _widen = None  # numba functions the kernels call, made with them
 
 
 def matmul(x, w):
     """x @ w for activations x [T, D_in] and a weight w [D_in, D_out] (or a transposed view).
 
-    The same product everywhere. On the CPU, 1..32 float32 rows against a weight stored one
-    output per row (w.T C-contiguous: every weight loader.py makes) go through
-    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS).
+    The same product everywhere. On the CPU, 1..32 float32 rows against a float32 or BF16
+    weight stored one output per row (w.T C-contiguous: every weight loader.py makes) go through
+    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS), a BF16 weight widened
+    first.
     """
     if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
-            and x.dtype == np.float32 and w.dtype == np.float32 and w.ndim == 2
+            and x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.ndim == 2
             and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
         return _run_kernel(x, w)  # the checks few_rows_matmul makes were just made
-    return x @ w
+    return x @ widen(w) if isinstance(w, np.ndarray) else x @ w
 
 
 def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x @ w for a few float32 rows x [T, D_in], reading each weight of w [D_in, D_out] once.
 
-    w must be a transposed view of a C-contiguous [D_out, D_in] array. Needs numba (a
+    w: float32 or BF16 (widened in registers), a transposed view of a C-contiguous
+    [D_out, D_in] array. Needs numba (a
     MinispecError without it). Each output is a dot product of one contiguous weight row with
     each x row, summed in the same order whatever T is, so a row's result does not depend on the
     rows beside it: a verify call's logits equal those of one-token steps, bit for bit, as far
@@ -118,9 +136,10 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """
     if not _compiled():
         raise MinispecError("few_rows_matmul: needs numba (pip install numba)")
-    if not (w.dtype == x.dtype == np.float32 and w.T.flags.c_contiguous
+    if not (x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.T.flags.c_contiguous
             and x.ndim == 2 and x.shape[1] == w.shape[0]):
-        raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and w [D_in, D_out] "
+        raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and float32 or BF16 "
+                            f"w [D_in, D_out] "
                             f"stored [D_out, D_in], got x {x.dtype} {x.shape}, w {w.dtype} "
                             f"{w.shape} (C-contiguous transpose: {w.T.flags.c_contiguous})")
     return _run_kernel(x, w)
@@ -154,7 +173,7 @@ def kernel_available() -> bool:
 def _compiled() -> bool:
     # numba is imported on the first product, not with minispec; the machine code comes from
     # numba's cache (cache=True) after the first run on a machine
-    global _kernels, _prefetch, _eight, _tail
+    global _kernels, _prefetch, _eight, _tail, _widen
     if _kernels is None:
         try:
             import numba
@@ -162,6 +181,7 @@ def _compiled() -> bool:
             _kernels = ()
         else:
             jit = numba.njit(fastmath=True, cache=True)
+            _widen = _widen_intrinsic(numba)
             _prefetch, _eight = _prefetch_intrinsic(numba), jit(_eight_rows_kernel)
             _tail = jit(_tail_kernel)
             _kernels = (jit(_one_row_kernel), _eight, jit(_rows_kernel))
@@ -194,14 +214,14 @@ def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
         for i in range(d):
             v = x0[i]
-            a0 += w0[i] * v
-            a1 += w1[i] * v
-            a2 += w2[i] * v
-            a3 += w3[i] * v
-            a4 += w4[i] * v
-            a5 += w5[i] * v
-            a6 += w6[i] * v
-            a7 += w7[i] * v
+            a0 += _widen(w0[i]) * v
+            a1 += _widen(w1[i]) * v
+            a2 += _widen(w2[i]) * v
+            a3 += _widen(w3[i]) * v
+            a4 += _widen(w4[i]) * v
+            a5 += _widen(w5[i]) * v
+            a6 += _widen(w6[i]) * v
+            a7 += _widen(w7[i]) * v
         y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
         y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
     _tail(x, wt, y, f - f % 8)
@@ -221,7 +241,7 @@ def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
         w0 = wt[o]
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
         for i in range(d):
-            v = w0[i]
+            v = _widen(w0[i])
             a0 += v * x0[i]
             a1 += v * x1[i]
             a2 += v * x2[i]
@@ -256,7 +276,7 @@ def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
                     _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
             for i in range(d):
-                v0, v1, v2, v3 = w0[i], w1[i], w2[i], w3[i]
+                v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
                 u = x0[i]
                 a00 += v0 * u
                 a01 += v1 * u
@@ -277,6 +297,29 @@ def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
     # the outputs start.. that do not fill a block: the 8-rows loop, 8 rows at a time
     for r in range(0, x.shape[0], 8):
         _eight(x[r:r + 8], wt[start:], y[r:r + 8, start:])
+
+
+def _widen_intrinsic(numba):
+    """A numba function `_widen(v)`: a float32 weight as it is; a BF16 one (uint16) as the float32
+    whose high 16 bits it is (zero-extend, shift left 16, reinterpret: LLVM vectorizes it)."""
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def widen(typingctx, v):
+        if v == numba.types.float32:
+            return numba.types.float32(v), lambda context, builder, sig, args: args[0]
+        if v != numba.types.uint16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            bits = builder.shl(builder.zext(args[0], ir.IntType(32)),
+                               ir.Constant(ir.IntType(32), 16))
+            return builder.bitcast(bits, ir.FloatType())
+
+        return numba.types.float32(v), codegen
+
+    return widen
 
 
 def _prefetch_intrinsic(numba):

@@ -8,7 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from minispec.backend import KERNEL_MAX_ROWS, few_rows_matmul, kernel_available, matmul, use_kernel
+from minispec.backend import (
+    BF16,
+    KERNEL_MAX_ROWS,
+    few_rows_matmul,
+    kernel_available,
+    matmul,
+    use_kernel,
+    widen,
+)
 from minispec.errors import MinispecError
 from minispec.loader import load
 from minispec.shipped import SHIPPED
@@ -56,6 +64,37 @@ def test_few_rows_equal_numpy_at_every_shape(name):
     for t in range(1, KERNEL_MAX_ROWS + 1):
         assert_close(matmul(x[:t], w), exact[:t], scale[:t])
     assert_close(x @ w, exact, scale)  # NumPy itself meets the same bound
+
+
+def as_bf16(w: np.ndarray) -> np.ndarray:
+    """w [D_in, D_out] (a view of [D_out, D_in]) rounded down to bfloat16, held as BF16 the way
+    the loader holds it: the top 16 bits of each float32."""
+    return (np.ascontiguousarray(w.T).view(np.uint32) >> 16).astype(BF16).T
+
+
+def test_widen_is_exact_for_every_bfloat16():
+    bits = np.arange(2**16, dtype=np.uint32)
+    wide = widen(bits.astype(BF16))
+    np.testing.assert_array_equal(wide.view(np.uint32), bits << 16)  # NaNs and infs included
+    w = RNG.standard_normal((3, 5), dtype=np.float32)
+    assert widen(w) is w  # float32 stays as it is
+
+
+@needs_numba
+@pytest.mark.parametrize("name", [*SHAPES, "smollm2 head"])
+def test_bfloat16_weights_give_the_float32_products_bit_for_bit(name):
+    # a BF16 weight is widened in registers and summed in the same order as its float32 copy:
+    # every row count, every shape, the same bits as the widened-at-load weight
+    w = as_bf16(weight(*(SHAPES.get(name) or SMOLLM2_HEAD)))
+    rows = KERNEL_MAX_ROWS + 1 if name != "smollm2 head" else 2
+    x = RNG.standard_normal((rows, w.shape[0]), dtype=np.float32)
+    wide = widen(w)
+    assert wide.T.flags.c_contiguous and w.nbytes * 2 == wide.nbytes
+    for t in range(1, rows + 1):
+        np.testing.assert_array_equal(matmul(x[:t], w), matmul(x[:t], wide))
+    np.testing.assert_array_equal(few_rows_matmul(x[:3], w), few_rows_matmul(x[:3], wide))
+    with use_kernel(False):  # NumPy's product widens first: the readable reference
+        np.testing.assert_array_equal(matmul(x[:2], w), x[:2] @ wide)
 
 
 @needs_numba
