@@ -17,8 +17,6 @@ import sys
 
 import numpy as np
 
-# bound here: the judge's first run imports its submodule minispec.judge.main, which from then on
-# shadows the package's function of that name
 from minispec.judge import main as run_judge
 
 

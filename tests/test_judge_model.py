@@ -2,16 +2,12 @@
 drafter's output against the exact law of that model's next tokens, with controls that are
 rejected at the same budget; bad combinations named."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from minispec.drafters import Draft, ModelDrafter, TreeModelDrafter
 from minispec.errors import MinispecError
+from minispec.judge import main
 from minispec.judge.selftest import (
     MODEL,
     TREE_BUG,
@@ -21,8 +17,6 @@ from minispec.judge.selftest import (
 )
 from minispec.loader import load, save_checkpoint
 from minispec.tree import TreeDrafter
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_drafter_on_a_model_passes_and_the_controls_are_rejected(tmp_path):
@@ -77,17 +71,18 @@ def test_the_tree_control_plants_the_wrong_proposal_and_leaves_chains_alone():
     assert spy.propose([1], 3, None, None) is tree and spy.trees
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "minispec", "judge", *args], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-                          text=True, timeout=300, check=False)
+def judge(capsys, *args) -> tuple[int, str]:
+    """The judge in this process -> (exit status, stderr)."""
+    code = main(list(args))
+    return code, capsys.readouterr().err
 
 
-def test_the_judge_names_what_it_cannot_do_with_a_model():
-    r = run("--model", "shipped:target")
-    assert r.returncode == 2 and "--model: goes with --drafter" in r.stderr
-    r = run("--drafter", "medusa")  # the tiny random target has no trained heads
-    assert r.returncode != 0 and "no Medusa heads trained for this target" in r.stderr
+def test_the_judge_names_what_it_cannot_do_with_a_model(capsys):
+    code, err = judge(capsys, "--model", "shipped:target")
+    assert code == 2 and "--model: goes with --drafter" in err
+    code, err = judge(capsys, "--drafter", "medusa")  # the tiny random target has no heads
+    assert code == 2 and "no Medusa heads trained for this target" in err
+    assert len(err.splitlines()) == 1, err
 
 
 class _Spy(ModelDrafter):
@@ -100,7 +95,7 @@ class _Spy(ModelDrafter):
         super().start(prompt_ids, cache)
 
 
-def test_the_prompt_judged_on_a_model_is_the_one_given(tmp_path):
+def test_the_prompt_judged_on_a_model_is_the_one_given(tmp_path, capsys):
     from minispec.shipped import SHIPPED
 
     target_dir = SHIPPED / "target"  # a model with a tokenizer
@@ -112,8 +107,8 @@ def test_the_prompt_judged_on_a_model_is_the_one_given(tmp_path):
     save_checkpoint(tiny_models()["target"], tmp_path / "tiny")  # no tokenizer.json
     with pytest.raises(MinispecError, match="--prompt: .* has no tokenizer.json"):
         judge_drafter_on_model(near_model, "model", 20, 0, str(tmp_path / "tiny"), text)
-    r = run("--drafter", "ngram", "--prompt", "x")
-    assert r.returncode == 2 and "--prompt: goes with --drafter NAME --model DIR" in r.stderr
+    code, err = judge(capsys, "--drafter", "ngram", "--prompt", "x")
+    assert code == 2 and "--prompt: goes with --drafter NAME --model DIR" in err
 
 
 def test_minispec_real_judge_runs_the_judge_on_its_model(tmp_path, capsys):

@@ -4,36 +4,40 @@ samplers, generators and drafters are judged, the statistics.
 The script's own run is the distribution test of minispec's verify step and speculative loop;
 here we check that it runs, that its verdict is right on outside samplers known to be exact or
 broken, and the pieces its verdict rests on (G-test cells, Holm, Algorithm 1's round lengths).
+The judge runs in-process (minispec.judge.main(argv), output from capsys); one test starts the
+script itself. Its command line's checks: tests/test_judge_command_line.py; its power:
+tests/test_judge_power.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from minispec.judge import pipeline, selftest, verify_step
+from minispec.judge import main, pipeline, selftest, verify_step
 from minispec.judge import stats as judge_stats
+from minispec.judge.main import report
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
-    return subprocess.run([sys.executable, str(ROOT / "verify_distribution.py"), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                          check=False)
+def judge(capsys, *args: str) -> tuple[int, str, str]:
+    """minispec.judge.main(args) in this process -> (exit status, stdout, stderr)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_quick_run_passes_with_every_row():
-    r = run_script("--quick")
-    out = r.stdout
-    assert r.returncode == 0, out + r.stderr
+@pytest.mark.slow
+def test_quick_run_passes_with_every_row(capsys):
+    code, out, err = judge(capsys, "--quick")
+    assert code == 0, out + err
     for case in ("dirichlet V=16 g=4", "q == p", "disjoint", "one-hot q", "near-zero",
                  "close draft"):
         assert f"1    {case}" in out
@@ -51,47 +55,63 @@ def test_quick_run_passes_with_every_row():
         assert line.endswith("rejected") and "NOT" not in line, line
     assert "Holm over the" in out and "Kolmogorov-Smirnov" in out
     assert "PASS:" in out and "FAIL" not in out
+    # every true test states its power: the eps column, and the summary's range
+    header = next(x for x in out.splitlines() if x.startswith("part configuration"))
+    assert "eps 90%" in header
+    disjoint = next(x for x in out.splitlines() if x.startswith("1    disjoint")
+                    and "tokens by index" in x)
+    assert 0.01 < float(disjoint.split()[-2]) < 0.2, disjoint  # eps of 5,000 tokens over 8
+    power = next(x for x in out.splitlines() if x.startswith("Power:"))
+    assert "probability 0.9" in power and "0.01/35" in power
 
 
-def test_help_says_what_each_part_tests_how_long_what_pass_means_and_the_exit_codes():
-    r = subprocess.run([sys.executable, "-m", "minispec", "judge", "--help"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60, check=False)
+def test_the_script_prints_its_help_and_exits_0():
+    # the one test that starts verify_distribution.py itself: the entry a checkout runs
+    r = subprocess.run([sys.executable, str(ROOT / "verify_distribution.py"), "--help"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     for part in ("1 a verify step alone", "2 minispec's whole loop", "T the tree walk",
                  "3 the shipped pair", "4 the controls", "G with --generator",
                  "D with --drafter"):
         assert part in out
-    for words in ("--quick 1 to 3 minutes", "full run about 10 minutes", "PASS means",
-                  "Holm", "the controls' are meant to be tiny", "Exit status: 0 PASS; 1 FAIL",
-                  "3 nothing was tested", "factory(target, draft)"):
-        assert words in out
+    for words in ("--quick about 25 s", "the full run about 3 minutes", "PASS means",
+                  "Holm", "the controls' are meant to be tiny", "What a PASS rules out",
+                  "eps 90%", "4x the --samples halve it", "Exit status: 0 PASS; 1 FAIL",
+                  "2 the command line could not be used", "3 nothing was tested",
+                  "factory(target, draft)", "1/sqrt(samples)"):
+        assert words in out, words
 
 
-def test_outside_exact_sampler_passes():
-    r = run_script("--quick", "--sampler", "samplers_for_tests:exact")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "sampler samplers_for_tests:exact" in r.stdout
+@pytest.mark.slow
+def test_outside_exact_sampler_passes(capsys):
+    code, out, err = judge(capsys, "--quick", "--sampler", "samplers_for_tests:exact")
+    assert code == 0, out + err
+    assert "sampler samplers_for_tests:exact" in out and "PASS:" in out
 
 
 @pytest.mark.parametrize("broken", ["residual_is_p", "drop_bonus"])
-def test_outside_broken_sampler_fails(broken):
-    r = run_script("--quick", "--sampler", f"samplers_for_tests:{broken}")
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "FAIL:" in r.stdout
+def test_outside_broken_sampler_fails(broken, capsys):
+    # part 1 on the quick configurations and the report, without the controls (the exact
+    # sampler's run above shows them rejected): the verdict is FAIL, exit 1
+    import samplers_for_tests
 
-
-def test_bad_sampler_spec_is_reported():
-    r = run_script("--quick", "--sampler", "no_colon_here")
-    assert r.returncode != 0 and "module:function" in r.stderr
+    sampler = getattr(samplers_for_tests, broken)
+    rows = verify_step.part1(sampler, "true", verify_step.verify_cases(quick=True), 5000, 0)
+    assert report(rows, [], [], None, time.perf_counter()) == 1
+    out = capsys.readouterr().out
+    assert "FAIL:" in out
 
 
 def test_g_parts_merges_small_cells_and_flags_impossible_draws():
     # expected 50, 45, 4, 1: the last two merge into an "other" cell of 5
-    g, dof, impossible = judge_stats.g_parts([50, 45, 4, 1], [0.5, 0.45, 0.04, 0.01])
+    g, dof, impossible, cells = judge_stats.g_parts([50, 45, 4, 1], [0.5, 0.45, 0.04, 0.01])
     assert (dof, impossible) == (2, 0) and g == pytest.approx(0.0, abs=1e-12)
+    # the cells compared, for the power figure: p and uniform noise's u, merged alike
+    assert cells.p == pytest.approx([0.45, 0.5, 0.05]) and cells.u == pytest.approx([.25, .25, .5])
+    assert list(cells.n) == [100] * 3
     # expected 50, 47, 2, 1: "other" (3) is still too small and takes in the 47 cell too
-    g, dof, _ = judge_stats.g_parts([50, 47, 2, 1], [0.5, 0.47, 0.02, 0.01])
+    g, dof, _, _ = judge_stats.g_parts([50, 47, 2, 1], [0.5, 0.47, 0.02, 0.01])
     assert dof == 1 and g == pytest.approx(0.0, abs=1e-12)
     g_parts = judge_stats.g_parts
     assert g_parts([10, 0, 1], [0.5, 0.5, 0.0])[2] == 1  # one draw of a probability-0 cell
@@ -116,6 +136,7 @@ def test_length_law_of_algorithm1():
     assert verify_step.length_law(p / p.sum(1, keepdims=True), disjoint)[1] == 1.0
 
 
+@pytest.mark.slow  # importing torch and transformers: seconds
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                     or importlib.util.find_spec("torch") is None,
                     reason="needs transformers and torch")
@@ -138,10 +159,10 @@ def test_hf_adapter_emits_a_verify_result():
 # ---- part G: whole pipelines (--generator) ------------------------------------------------------
 
 
-def test_minispec_pipeline_passes_and_every_planted_bug_is_rejected():
-    r = run_script("--generator", "minispec.generators:speculative", "--quick")
-    out = r.stdout
-    assert r.returncode == 0, out + r.stderr
+@pytest.mark.slow
+def test_minispec_pipeline_passes_and_every_planted_bug_is_rejected(capsys):
+    code, out, err = judge(capsys, "--generator", "minispec.generators:speculative", "--quick")
+    assert code == 0, out + err
     assert "G    T=1.5 top_k=2 L=3, near, prompt of 7" in out
     for bug in pipeline.PIPELINE_BUGS:
         line = next(x for x in out.splitlines() if x.startswith(f"G    {bug:<15}"))
@@ -149,15 +170,17 @@ def test_minispec_pipeline_passes_and_every_planted_bug_is_rejected():
     assert "PASS: 1/1 true tests pass, 4/4 controls rejected" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec, code, message", [
     ("drafters_for_tests:exact", 0, "PASS: 3/3 true tests pass, 2/2 controls rejected"),
     ("drafters_for_tests:greedy", 1, "FAIL:"),
 ])
-def test_a_drafter_of_ones_own_is_judged_in_generate_and_generate_batch(spec, code, message):
+def test_a_drafter_of_ones_own_is_judged_in_generate_and_generate_batch(spec, code, message,
+                                                                       capsys):
     # a tree drafter written against the public contract, through --drafter, unchanged
-    r = run_script("--drafter", spec, "--quick", "--samples", "400")
-    assert r.returncode == code, r.stdout + r.stderr
-    assert message in r.stdout and "lookup-tree, batch" in r.stdout
+    got, out, err = judge(capsys, "--drafter", spec, "--quick", "--samples", "400")
+    assert got == code, out + err
+    assert message in out and "lookup-tree, batch" in out
 
 
 @pytest.mark.parametrize("spec, code, message", [
@@ -165,17 +188,18 @@ def test_a_drafter_of_ones_own_is_judged_in_generate_and_generate_batch(spec, co
     ("generators_for_tests:too_short", 1, "returned 2 tokens, expected 3"),
     ("needs_missing_package:factory", 3, "a_package_that_is_not_installed"),
 ])
-def test_outside_generators_are_judged(spec, code, message):
-    r = run_script("--generator", spec, "--quick", "--samples", "200")
-    assert r.returncode == code, r.stdout + r.stderr
-    assert message in r.stdout + r.stderr
+def test_outside_generators_are_judged(spec, code, message, capsys):
+    got, out, err = judge(capsys, "--generator", spec, "--quick", "--samples", "200")
+    assert got == code, out + err
+    assert message in out + err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None
                     or importlib.util.find_spec("torch") is None,
                     reason="the transformers adapter needs torch and transformers "
                     "(pip install 'minispec[parity]'; CI installs them)")
-def test_transformers_assisted_generation_end_to_end(tmp_path):
+def test_transformers_assisted_generation_end_to_end(tmp_path, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -186,19 +210,17 @@ def test_transformers_assisted_generation_end_to_end(tmp_path):
     with torch.inference_mode():
         theirs = model(torch.tensor([ids])).logits[0].numpy()
     np.testing.assert_allclose(theirs, selftest.tiny_models()["target"].logits(ids), atol=1e-4)
-    r = run_script("--generator", "minispec.hf_generators:assisted", "--quick", "--samples",
-                   "200")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "PASS: 1/1 true tests pass, 4/4 controls rejected" in r.stdout
+    code, out, err = judge(capsys, "--generator", "minispec.hf_generators:assisted", "--quick",
+                           "--samples", "200")
+    assert code == 0, out + err
+    assert "PASS: 1/1 true tests pass, 4/4 controls rejected" in out
 
 
-def test_a_sampler_whose_dependency_is_missing_is_not_judged(tmp_path):
+def test_a_sampler_whose_dependency_is_missing_is_not_judged(tmp_path, monkeypatch, capsys):
     (tmp_path / "needs_nothing_here.py").write_text(
         "REQUIRES = ('a_package_that_is_not_installed',)\n"
         "def verify(p, q, d, rng):\n    raise AssertionError('never called')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
-    r = subprocess.run([sys.executable, str(ROOT / "verify_distribution.py"), "--quick",
-                        "--sampler", "needs_nothing_here:verify"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 3, r.stdout + r.stderr
-    assert "needs a_package_that_is_not_installed" in r.stderr and "FAIL" not in r.stdout
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = judge(capsys, "--quick", "--sampler", "needs_nothing_here:verify")
+    assert code == 3, out + err
+    assert "needs a_package_that_is_not_installed" in err and out == ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import types
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,3 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     from .main import main as run
 
     return run(argv)
+
+
+class _Package(types.ModuleType):
+    """This package, whose attribute `main` stays the function above. Importing the submodule
+    minispec.judge.main (as `main` does, or `from minispec.judge.main import advice`) would
+    otherwise rebind the package's `main` to that module, and a later `from minispec.judge
+    import main` would get a module, not a function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name == "main" and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["minispec.judge.main"]
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

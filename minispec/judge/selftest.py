@@ -270,8 +270,9 @@ def judge_drafter(factory, label: str, quick: bool, n: int, seed: int
     target = models["target"]
     drafter = factory(target, models["near"])
     if not isinstance(drafter, Drafter):
-        raise SystemExit(f"--drafter {label}: the factory returned {type(drafter).__name__}, "
-                         "not a minispec.Drafter made for the target it was given")
+        raise MinispecError(f"--drafter {label}: the factory returned "
+                            f"{type(drafter).__name__}, not a minispec.Drafter made for the "
+                            "target it was given")
     rows = []
     configs = E2E_TREE[1:2] if quick else E2E_TREE
     for cfg in configs + [E2E_GREEDY]:
@@ -306,8 +307,9 @@ def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir,
     target = load(model_dir, device="cpu")
     drafter = factory(target, None)
     if not isinstance(drafter, Drafter):
-        raise SystemExit(f"--drafter {label}: the factory returned {type(drafter).__name__}, "
-                         "not a minispec.Drafter made for the target it was given")
+        raise MinispecError(f"--drafter {label}: the factory returned "
+                            f"{type(drafter).__name__}, not a minispec.Drafter made for the "
+                            "target it was given")
     tok = target.tokenizer
     if tok is None and text != MODEL_PROMPT:
         raise MinispecError(f"--prompt: {model_dir} has no tokenizer.json to encode "

@@ -1,9 +1,10 @@
-"""The judge's statistics: G-tests with small cells merged, Holm's correction, exact laws.
+"""The judge's statistics: G-tests with small cells merged, Holm's correction, exact laws, power.
 
 Each test compares counts of what a sampler emitted with the probabilities an exact sampler
 would give them (a G-test, i.e. a likelihood-ratio chi-square, with cells of expected count
 below MIN_EXPECTED merged). The true tests are one family, Holm-corrected at FAMILY_ALPHA; a
-control (a deliberately broken sampler) must be rejected below CONTROL_ALPHA.
+control (a deliberately broken sampler) must be rejected below CONTROL_ALPHA. `reach` states
+what a pass rules out: the smallest share of noise a test catches with probability POWER.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from ..core.sampling import warp
 from ..core.speculative import sampled_vocab_size
 
 FAMILY_ALPHA = 0.01  # Holm over all true tests
 CONTROL_ALPHA = 1e-6  # each broken sampler must be rejected below this (Bonferroni over its tests)
+POWER = 0.9  # reach: the deviation a test catches this often
 MIN_EXPECTED = 5.0  # cells with a smaller expected count are merged into an "other" cell
 # Outcomes of probability below this count as impossible: one draw of them fails the test. For an
 # exact sampler that happens with probability < samples * their total mass < 1e-4 in every test.
@@ -38,6 +41,25 @@ def rng_for(seed: int, *names: str) -> np.random.Generator:
     return np.random.default_rng([seed, *(zlib.crc32(n.encode()) for n in names)])
 
 
+@dataclass(frozen=True)
+class Cells:
+    """The cells one or more G-tests compared, merged as they merged them, flat: for each cell the
+    draws n of its test, its exact probability p, and its probability u under uniform noise (u
+    uniform over the outcomes p allows). What `reach` computes a test's power from."""
+
+    n: np.ndarray
+    p: np.ndarray
+    u: np.ndarray
+
+    @staticmethod
+    def join(parts: list[Cells]) -> Cells:
+        return Cells(*(np.concatenate([getattr(c, f) for c in parts] or [np.zeros(0)])
+                       for f in ("n", "p", "u")))
+
+
+NO_CELLS = Cells(np.zeros(0), np.zeros(0), np.zeros(0))
+
+
 @dataclass
 class Fit:
     """A goodness-of-fit result: G statistic, degrees of freedom, p-value, and why if it is 0."""
@@ -46,11 +68,21 @@ class Fit:
     dof: int
     pvalue: float
     note: str = ""
+    cells: Cells = field(default=NO_CELLS, repr=False)  # for reach()
 
 
-def g_parts(observed: np.ndarray, probs: np.ndarray) -> tuple[float, int, int]:
-    """G statistic and dof of counts `observed` against probabilities `probs`, plus the number of
-    observations that fell on a cell of probability < IMPOSSIBLE.
+class Part(NamedTuple):
+    """One G-test, a share of a row (a row sums several: one per index, or per previous token)."""
+
+    g: float
+    dof: int
+    impossible: int  # observations on a cell of probability < IMPOSSIBLE
+    cells: Cells
+
+
+def g_parts(observed: np.ndarray, probs: np.ndarray) -> Part:
+    """G statistic and dof of counts `observed` against probabilities `probs`, the number of
+    observations that fell on a cell of probability < IMPOSSIBLE, and the cells compared.
 
     Cells whose expected count is below MIN_EXPECTED are merged, smallest first, into one "other"
     cell (itself merged with the next smallest until it too reaches MIN_EXPECTED).
@@ -62,36 +94,64 @@ def g_parts(observed: np.ndarray, probs: np.ndarray) -> tuple[float, int, int]:
     keep = probs >= IMPOSSIBLE
     o, e = observed[keep], n * probs[keep] / probs[keep].sum()
     if n == 0 or len(e) < 2:
-        return 0.0, 0, impossible
+        return Part(0.0, 0, impossible, NO_CELLS)
+    u = np.full(len(e), n / len(e))  # expected counts under uniform noise
     order = np.argsort(e, kind="stable")
-    o, e = o[order], e[order]
+    o, e, u = o[order], e[order], u[order]
     k = int(np.searchsorted(e, MIN_EXPECTED))  # cells 0..k-1 are too small on their own
     if k > 0:
-        other_o, other_e = o[:k].sum(), e[:k].sum()
-        o, e = o[k:], e[k:]
+        other_o, other_e, other_u = o[:k].sum(), e[:k].sum(), u[:k].sum()
+        o, e, u = o[k:], e[k:], u[k:]
         while other_e < MIN_EXPECTED and len(e) > 0:  # absorb the next smallest cell
-            other_o, other_e = other_o + o[0], other_e + e[0]
-            o, e = o[1:], e[1:]
-        o, e = np.append(o, other_o), np.append(e, other_e)
+            other_o, other_e, other_u = other_o + o[0], other_e + e[0], other_u + u[0]
+            o, e, u = o[1:], e[1:], u[1:]
+        o, e, u = np.append(o, other_o), np.append(e, other_e), np.append(u, other_u)
     if len(e) < 2:
-        return 0.0, 0, impossible
+        return Part(0.0, 0, impossible, NO_CELLS)
     nz = o > 0
     g = 2.0 * float(np.sum(o[nz] * np.log(o[nz] / e[nz])))
-    return g, len(e) - 1, impossible
+    return Part(g, len(e) - 1, impossible, Cells(np.full(len(e), n), e / n, u / n))
 
 
-def combine(parts: list[tuple[float, int, int]], note: str = "") -> Fit:
+def combine(parts: list[Part], note: str = "") -> Fit:
     """Sum independent G statistics (and dofs) into one test."""
-    g = sum(x[0] for x in parts)
-    dof = sum(x[1] for x in parts)
-    impossible = sum(x[2] for x in parts)
+    g = sum(x.g for x in parts)
+    dof = sum(x.dof for x in parts)
+    impossible = sum(x.impossible for x in parts)
+    cells = Cells.join([x.cells for x in parts])
     if note:
-        return Fit(g, dof, 0.0, note)
+        return Fit(g, dof, 0.0, note, cells)
     if impossible:
-        return Fit(g, dof, 0.0, f"{impossible} draws of impossible outcomes")
+        return Fit(g, dof, 0.0, f"{impossible} draws of impossible outcomes", cells)
     if dof == 0:
         return Fit(0.0, 0, 1.0, "one cell: only impossible outcomes checked")
-    return Fit(g, dof, float(stats.chi2.sf(g, dof)))
+    return Fit(g, dof, float(stats.chi2.sf(g, dof)), cells=cells)
+
+
+def reach(fit: Fit, alpha: float, power: float = POWER) -> float:
+    """The smallest share eps of uniform noise that this test rejects at level `alpha` with
+    probability `power`: a sampler that draws from (1 - eps) p + eps u instead of p, u uniform
+    over the outcomes p allows (total-variation distance eps * TV(p, u) <= eps from p), at the
+    test's own sample sizes. Computed, not simulated: the G statistic taken as noncentral
+    chi-square, noncentrality 2 n KL((1 - eps) p + eps u || p) summed over the cells. inf when
+    even eps = 1 is caught less often; nan for a test of one cell (only an impossible draw fails
+    it). eps shrinks as 1 / sqrt(n): 4x the samples halve it."""
+    c = fit.cells
+    if fit.dof == 0 or not len(c.n):
+        return math.nan
+    crit = stats.chi2.isf(alpha, fit.dof)
+    hi = 1.0
+    while stats.ncx2.sf(crit, fit.dof, hi) < power:
+        hi *= 2.0
+    lam = optimize.brentq(lambda nc: stats.ncx2.sf(crit, fit.dof, nc) - power, 0.0, hi)
+
+    def noncentrality(eps: float) -> float:
+        mix = (1.0 - eps) * c.p + eps * c.u
+        return 2.0 * float(np.sum(c.n * mix * np.log(mix / c.p)))
+
+    if noncentrality(1.0) < lam:
+        return math.inf
+    return float(optimize.brentq(lambda eps: noncentrality(eps) - lam, 0.0, 1.0, xtol=1e-6))
 
 
 def holm(pvalues: list[float]) -> list[float]:
@@ -124,6 +184,7 @@ class Row:
     fit: Fit
     control: str | None = None  # the bug, for a control row
     adjusted: float = math.nan  # Holm-adjusted p-value, true rows
+    reach: float = math.nan  # true rows: the noise share caught with probability POWER (reach())
     passed: bool = False
     hist: tuple | None = field(default=None, repr=False)  # (labels, exact, empirical) for --plot
 
