@@ -1,5 +1,6 @@
 """Shared fixtures: the repository on sys.path, the device parameter, tiny model configs, and
-SmolLM2-135M-Instruct converted once per session."""
+SmolLM2-135M-Instruct converted once per session. Also which tests are slow: `pytest -m "not
+slow"` runs the rest, in under a minute on 2 cores, for someone changing the core."""
 
 import importlib.util
 import sys
@@ -14,6 +15,27 @@ from minispec.config import ModelConfig
 from minispec.errors import MinispecError
 
 FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+
+# Whole modules of slow tests (besides the tests marked slow one by one): statistical tests of
+# whole generations, the judge's runs, the real model, fuzzing, packaging, the examples, training.
+SLOW_MODULES = {"test_verify_distribution", "test_judge_model",
+                "test_eagle_stop", "test_eagle_copy", "test_model_stop", "test_draft_vocab",
+                "test_real", "test_convert", "test_fuzz", "test_packaging", "test_examples",
+                "test_sweep", "test_bench", "test_readme", "test_train_draft", "test_train_heads",
+                "test_roofline", "test_parity", "test_weights", "test_judge_command_line",
+                "test_judge_power"}
+# and tests elsewhere, by a part of their names: sampled generations checked by statistics,
+# comparisons with transformers, the shipped models end to end, the big shapes
+SLOW_NAMES = ("has_the_target_distribution", "transformers", "shipped", "too_many_tensors",
+              "tensor_count_bound", "big_lm_head", "without_numba", "stable_sort", "plots_are",
+              "emits_the_targets_law", "no_import_cycle")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES
+                or any(part in item.name for part in SLOW_NAMES)):
+            item.add_marker(pytest.mark.slow)
 
 
 def _gpu_available() -> bool:
