@@ -5,14 +5,17 @@ both load.
 
 The `gguf` package (llama.cpp's own reader, `pip install gguf`) reads the file and dequantizes each
 tensor to float32; this module renames the tensors to the Hugging Face names, undoes the one layout
-change llama.cpp makes (the rows of the query and key projections, see `unpermute`), and builds
-tokenizer.json with the `tokenizers` library from the vocabulary and merges stored in the GGUF.
-It writes config.json, generation_config.json, model.safetensors (float32, or BF16 with --bf16),
-tokenizer.json and tokenizer_config.json. Offline, a few seconds for a 135M model.
+change llama.cpp makes to llama checkpoints (the rows of the query and key projections, see
+`unpermute`), and builds tokenizer.json with the `tokenizers` library from the vocabulary stored in
+the GGUF. It writes config.json, generation_config.json, model.safetensors (float32, or BF16 with
+--bf16), tokenizer.json and tokenizer_config.json. Offline, a few seconds for a 135M model.
 
-Supported: general.architecture "llama" (Llama, SmolLM, Mistral-style checkpoints llama.cpp stores
-as llama) with a byte-level BPE vocabulary (tokenizer.ggml.model "gpt2") whose pre-tokenizer
-(tokenizer.ggml.pre) is in PRE_TOKENIZERS. Anything else is refused with a MinispecError.
+Supported: general.architecture "llama" (Llama, SmolLM, TinyLlama, Mistral-style checkpoints
+llama.cpp stores as llama), "qwen2" (Qwen2, Qwen2.5) and "qwen3", with a byte-level BPE vocabulary
+(tokenizer.ggml.model "gpt2") whose pre-tokenizer (tokenizer.ggml.pre) is in PRE_TOKENIZERS, or a
+SentencePiece vocabulary (tokenizer.ggml.model "llama": Llama 2, TinyLlama), whose merges are
+rebuilt from the token scores as transformers rebuilds them. Anything else is refused with a
+MinispecError.
 """
 
 from __future__ import annotations
@@ -32,17 +35,23 @@ from .errors import MinispecError
 from .loader import hf_shapes
 from .safetensors import save_file
 
-ARCHITECTURES = ("llama",)
+# general.architecture -> the Hugging Face class and model_type it becomes
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
 # tokenizer.ggml.pre -> what splits the text before byte-level BPE (llama.cpp's llama-vocab.cpp
 # spells each as regexes; these are the same splits in the tokenizers library's terms)
-PRE_TOKENIZERS = ("smollm", "starcoder", "gpt-2", "llama-bpe")
+PRE_TOKENIZERS = ("smollm", "starcoder", "gpt-2", "llama-bpe", "qwen2")
+VOCABULARIES = ("gpt2", "llama")  # tokenizer.ggml.model: byte-level BPE, SentencePiece
 # Llama 3's split (its tokenizer.json spells it so): contractions, words with one leading
 # non-letter, numbers of up to 3 digits, punctuation runs, newlines, spaces
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# GGUF token types (llama.cpp's llama_token_type): 3 control tokens are special (<|im_start|>),
-# 4 user-defined ones are added tokens matched whole
-CONTROL, USER_DEFINED = 3, 4
+# Qwen2's (and Qwen3's): Llama 3's, but every digit a word of its own
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# GGUF token types (llama.cpp's llama_token_type): 2 unknown (<unk>), 3 control tokens are special
+# (<|im_start|>, <s>), 4 user-defined ones are added tokens matched whole
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
+SPACE = "\u2581"  # SentencePiece's visible space
 
 
 # ---- reading the GGUF --------------------------------------------------------------------------
@@ -105,7 +114,8 @@ def _short_float(x: float) -> float:
 
 
 def hf_config(meta: dict[str, Any], tensors: dict[str, np.ndarray], source: str) -> dict[str, Any]:
-    """config.json for the GGUF's hyperparameters (a LlamaForCausalLM)."""
+    """config.json for the GGUF's hyperparameters (a LlamaForCausalLM, Qwen2ForCausalLM or
+    Qwen3ForCausalLM)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise MinispecError(f"{source}: general.architecture is {arch!r}; minispec.convert "
@@ -132,8 +142,8 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, np.ndarray], source: str)
                             f"the whole head")
     V = tensors["token_embd.weight"].shape[0] if "token_embd.weight" in tensors else 0
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [ARCHITECTURES[arch]],
+        "model_type": arch,
         "vocab_size": need("vocab_size", V),
         "hidden_size": D,
         "intermediate_size": need("feed_forward_length"),
@@ -145,12 +155,16 @@ def hf_config(meta: dict[str, Any], tensors: dict[str, np.ndarray], source: str)
         "rms_norm_eps": _short_float(need("attention.layer_norm_rms_epsilon")),
         "rope_theta": _short_float(need("rope.freq_base", 10000.0)),
         "hidden_act": "silu",
-        "attention_bias": "blk.0.attn_q.bias" in tensors,
-        "mlp_bias": False,
         # llama.cpp leaves output.weight out when the LM head is the embedding matrix
         "tie_word_embeddings": "output.weight" not in tensors,
         "torch_dtype": "float32",
     }
+    if arch == "llama":
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors, mlp_bias=False)
+    elif arch == "qwen3":  # (qwen2's q, k, v biases are always there)
+        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    if arch != "llama":
+        config["use_sliding_window"] = False
     for key in ("bos", "eos", "padding"):
         if f"tokenizer.ggml.{key}_token_id" in meta:
             name = "pad" if key == "padding" else key
@@ -170,6 +184,8 @@ _LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # qwen3
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -195,22 +211,25 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
                source: str) -> dict[str, np.ndarray]:
-    """The GGUF's tensors under their Hugging Face names, q/k rows unpermuted, shapes checked."""
+    """The GGUF's tensors under their Hugging Face names, q/k rows unpermuted (llama only: for
+    qwen2 and qwen3 llama.cpp keeps Hugging Face's rotate-half layout), shapes checked."""
     H, K = config["num_attention_heads"], config["num_key_value_heads"]
+    permuted = config["model_type"] == "llama"
     out = {}
     for name, w in tensors.items():
         m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
         if m and m.group(2) in _LAYER_NAMES:
             hf = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-            if m.group(2).startswith("attn_q."):
+            if permuted and m.group(2).startswith("attn_q."):
                 w = unpermute(w, H)
-            elif m.group(2).startswith("attn_k."):
+            elif permuted and m.group(2).startswith("attn_k."):
                 w = unpermute(w, K)
         elif name in _NAMES:
             hf = _NAMES[name]
         else:
-            raise MinispecError(f"{source}: tensor {name!r} has no Hugging Face llama "
-                                f"counterpart; minispec.convert does not know it")
+            raise MinispecError(f"{source}: tensor {name!r} has no Hugging Face "
+                                f"{config['model_type']} counterpart; minispec.convert does not "
+                                f"know it")
         out[hf] = w
     shapes = hf_shapes(ModelConfig.from_hf(config, f"{source} (its metadata)"))
     for name, shape in shapes.items():
@@ -230,53 +249,30 @@ def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
 
 
 def hf_tokenizer(meta: dict[str, Any], source: str):
-    """A tokenizers.Tokenizer from the GGUF's vocabulary: byte-level BPE with the merges, the
-    pre-tokenizer tokenizer.ggml.pre names, control tokens as special tokens."""
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
+    """A tokenizers.Tokenizer from the GGUF's vocabulary: byte-level BPE with the merges and the
+    pre-tokenizer tokenizer.ggml.pre names, or SentencePiece BPE with merges rebuilt from the
+    scores; control tokens as special tokens, BOS in front where llama.cpp puts it."""
+    from tokenizers import AddedToken, processors
 
-    kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2":
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in VOCABULARIES:
         raise MinispecError(f"{source}: tokenizer.ggml.model is {kind!r}; minispec.convert builds "
-                            f"byte-level BPE vocabularies ('gpt2') only")
-    if pre not in PRE_TOKENIZERS:
-        raise MinispecError(f"{source}: tokenizer.ggml.pre is {pre!r}; minispec.convert knows "
-                            f"{', '.join(PRE_TOKENIZERS)}")
+                            f"byte-level BPE ('gpt2') and SentencePiece ('llama') vocabularies "
+                            f"only")
     tokens = meta["tokenizer.ggml.tokens"]
     types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens) or len(types) != len(tokens):
+    if len(set(tokens)) != len(tokens) or len(types) != len(tokens):
         raise MinispecError(f"{source}: tokenizer.ggml.tokens holds duplicates or its length "
                             f"differs from tokenizer.ggml.token_type's")
-    # Llama 3 takes a word found whole in the vocabulary as it is, before any merge
-    whole = {"ignore_merges": True} if pre == "llama-bpe" else {}  # (tokenizers >= 0.19)
-    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, **whole))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder"):  # every digit its own word, then GPT-2's split
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level])
-    elif pre == "llama-bpe":  # Llama 3's own split, then the bytes as they are
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    else:  # "gpt-2"
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
+    tok = _byte_level_bpe(meta, tokens, source) if kind == "gpt2" else _sentencepiece_bpe(
+        meta, tokens, types, source)
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    if meta.get("tokenizer.ggml.add_bos_token") and isinstance(bos, int) and bos < len(tokens):
-        # BOS in front of every text, as llama.cpp's tokenizer puts it (Llama 3)
+    if _adds_bos(meta) and isinstance(bos, int) and 0 <= bos < len(tokens):
+        # BOS in front of every text, as llama.cpp's tokenizer puts it (Llama 2 and 3)
         tok.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B",
             special_tokens=[(tokens[bos], bos)])
-    else:
+    elif kind == "gpt2":
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, k in zip(tokens, types) if k == CONTROL])
@@ -285,12 +281,82 @@ def hf_tokenizer(meta: dict[str, Any], source: str):
     return tok
 
 
+def _adds_bos(meta: dict[str, Any]) -> bool:
+    # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+    default = meta.get("tokenizer.ggml.model") == "llama"
+    return bool(meta.get("tokenizer.ggml.add_bos_token", default))
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], source: str):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise MinispecError(f"{source}: tokenizer.ggml.pre is {pre!r}; minispec.convert knows "
+                            f"{', '.join(PRE_TOKENIZERS)}")
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # Llama 3 takes a word found whole in the vocabulary as it is, before any merge
+    whole = {"ignore_merges": True} if pre == "llama-bpe" else {}  # (tokenizers >= 0.19)
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False, **whole))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder"):  # every digit its own word, then GPT-2's split
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in ("llama-bpe", "qwen2"):  # Llama 3's or Qwen2's own split, then the bytes as is
+        split = LLAMA3_SPLIT if pre == "llama-bpe" else QWEN2_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:  # "gpt-2"
+        tok.pre_tokenizer = byte_level
+    if pre == "qwen2":  # Qwen's own tokenizer.json composes the text (NFC) first
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece_bpe(meta: dict[str, Any], tokens: list[str], types: list[int], source: str):
+    """Llama 2's tokenizer as transformers' LlamaTokenizer builds it: BPE over the pieces with
+    byte fallback (<0x0A> for a byte no piece covers), spaces as U+2581 and one in front of the
+    text (unless tokenizer.ggml.add_space_prefix is false)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    scores = meta.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(tokens):
+        raise MinispecError(f"{source}: a SentencePiece vocabulary needs tokenizer.ggml.scores, "
+                            f"one per token (the merges are rebuilt from them)")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    unk = next((t for t, k in zip(tokens, types) if k == UNKNOWN), None)
+    tok = Tokenizer(models.BPE(vocab, sentencepiece_merges(tokens, scores), unk_token=unk,
+                               fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement=SPACE, prepend_scheme="first" if prefix else "never", split=False)
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tok
+
+
+def sentencepiece_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies: every split of a piece into two pieces,
+    the merge of a higher-scored piece first (transformers' generate_merges, the same order)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        pairs = [(piece[:k], piece[k:], score) for k in range(1, len(piece))
+                 if piece[:k] in vocab and piece[k:] in vocab]
+        merges += sorted(pairs, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
 def tokenizer_config(meta: dict[str, Any], context_length: int) -> dict[str, Any]:
     """tokenizer_config.json: the special tokens by name, BOS or not, the chat template."""
     tokens = meta["tokenizer.ggml.tokens"]
     doc: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": _adds_bos(meta),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
         # the context length, not transformers' int(1e30) "no limit"
@@ -344,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Convert a checkpoint into a Hugging Face directory "
                                              "that minispec.load and transformers read.")
     sub = ap.add_subparsers(dest="format", required=True)
-    g = sub.add_parser("gguf", help="a llama.cpp GGUF file (llama architecture, byte-level BPE)")
+    g = sub.add_parser("gguf", help="a llama.cpp GGUF file (llama, qwen2 or qwen3 architecture; "
+                                    "byte-level BPE or SentencePiece vocabulary)")
     g.add_argument("file", help="the .gguf file")
     g.add_argument("out_dir", help="the directory to write (created if missing)")
     g.add_argument("--bf16", action="store_true", help="store the weights as BF16, not float32")

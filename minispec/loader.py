@@ -69,15 +69,37 @@ def hf_shapes(c: ModelConfig, prefix: str = "") -> dict[str, tuple[int, ...]]:
                 s[b + "self_attn.q_proj.bias"] = (h * e,)
                 s[b + "self_attn.k_proj.bias"] = (k * e,)
                 s[b + "self_attn.v_proj.bias"] = (k * e,)
-                if c.family == "llama":  # transformers' Llama puts the bias on o_proj too
+                if _o_proj_bias(c):
                     s[b + "self_attn.o_proj.bias"] = (d,)
+            if c.family == "qwen3":  # RMSNorm weights of each query and key head
+                s[b + "self_attn.q_norm.weight"] = (e,)
+                s[b + "self_attn.k_norm.weight"] = (e,)
             s[b + "post_attention_layernorm.weight"] = (d,)
             s[b + "mlp.gate_proj.weight"] = (f, d)
             s[b + "mlp.up_proj.weight"] = (f, d)
             s[b + "mlp.down_proj.weight"] = (d, f)
+            if c.mlp_bias:
+                s[b + "mlp.gate_proj.bias"] = (f,)
+                s[b + "mlp.up_proj.bias"] = (f,)
+                s[b + "mlp.down_proj.bias"] = (d,)
         s["model.norm.weight"] = (d,)
     if not c.tie_word_embeddings:
         s["lm_head.weight"] = (v, d)
+    return s
+
+
+def _o_proj_bias(c: ModelConfig) -> bool:
+    # transformers' Llama and Qwen3 put attention_bias on o_proj too; Qwen2 on q, k, v only
+    return c.attention_bias and c.family in ("llama", "qwen3")
+
+
+def _query_scale(c: ModelConfig, i: int) -> np.ndarray:
+    """[3D] multipliers of GPT-2 layer i's fused q, k, v outputs: 1 / (i + 1) on the queries when
+    scale_attn_by_inverse_layer_idx (the scores q.k / sqrt(E) / (i + 1), as transformers computes
+    them, folded into the query weights once here), 1 elsewhere."""
+    s = np.ones(3 * c.hidden_size, dtype=np.float32)
+    if c.scale_attn_by_inverse_layer_idx:
+        s[:c.hidden_size] /= i + 1
     return s
 
 
@@ -98,14 +120,16 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
     if c.family == "gpt2":
         for i in range(c.n_layers):
             b = f"{prefix}h.{i}."
+            scale = _query_scale(c, i)  # [3D]
             layers.append({  # GPT-2's Conv1D already stores [in, out]
                 "attn_norm_w": put(get(b + "ln_1.weight")),
                 "attn_norm_b": put(get(b + "ln_1.bias")),
-                "wqkv": lin(get(b + "attn.c_attn.weight").T),
-                "bqkv": put(get(b + "attn.c_attn.bias")),
+                "wqkv": lin(get(b + "attn.c_attn.weight").T * scale[:, None]),
+                "bqkv": put(get(b + "attn.c_attn.bias") * scale),
+                "q_norm_w": None, "k_norm_w": None,
                 "wo": lin(get(b + "attn.c_proj.weight").T), "bo": put(get(b + "attn.c_proj.bias")),
                 "mlp_norm_w": put(get(b + "ln_2.weight")), "mlp_norm_b": put(get(b + "ln_2.bias")),
-                "w_gate": None,
+                "w_gate": None, "b_gate": None,
                 "w_up": lin(get(b + "mlp.c_fc.weight").T), "b_up": put(get(b + "mlp.c_fc.bias")),
                 "w_down": lin(get(b + "mlp.c_proj.weight").T),
                 "b_down": put(get(b + "mlp.c_proj.bias")),
@@ -121,16 +145,24 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
             wqkv = np.concatenate([get(a + n + "_proj.weight") for n in "qkv"], axis=0)
             bqkv = (np.concatenate([get(a + n + "_proj.bias") for n in "qkv"])
                     if c.attention_bias else None)
-            bo = a + "o_proj.bias"
+            qk_norm = c.family == "qwen3"
+
+            def bias(name: str, present: bool):
+                return put(get(name)) if present else None
+
             layers.append({
                 "attn_norm_w": put(get(b + "input_layernorm.weight")), "attn_norm_b": None,
                 "wqkv": lin(wqkv), "bqkv": None if bqkv is None else put(bqkv),
-                "wo": lin(get(a + "o_proj.weight")),
-                "bo": put(get(bo)) if c.attention_bias and c.family == "llama" else None,
+                "q_norm_w": bias(a + "q_norm.weight", qk_norm),
+                "k_norm_w": bias(a + "k_norm.weight", qk_norm),
+                "wo": lin(get(a + "o_proj.weight")), "bo": bias(a + "o_proj.bias", _o_proj_bias(c)),
                 "mlp_norm_w": put(get(b + "post_attention_layernorm.weight")), "mlp_norm_b": None,
                 "w_gate": lin(get(b + "mlp.gate_proj.weight")),
-                "w_up": lin(get(b + "mlp.up_proj.weight")), "b_up": None,
-                "w_down": lin(get(b + "mlp.down_proj.weight")), "b_down": None,
+                "b_gate": bias(b + "mlp.gate_proj.bias", c.mlp_bias),
+                "w_up": lin(get(b + "mlp.up_proj.weight")),
+                "b_up": bias(b + "mlp.up_proj.bias", c.mlp_bias),
+                "w_down": lin(get(b + "mlp.down_proj.weight")),
+                "b_down": bias(b + "mlp.down_proj.bias", c.mlp_bias),
             })
         top = {"embed": put(get("model.embed_tokens.weight")), "pos_embed": None,
                "norm_w": put(get("model.norm.weight")), "norm_b": None}
@@ -160,6 +192,9 @@ def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
         for i, layer in enumerate(w["layers"]):
             for key, name in names.items():
                 out[f"{p}h.{i}.{name}"] = h(layer[key])
+            scale = 1 / _query_scale(c, i)  # unfold what _build_weights folded in
+            out[f"{p}h.{i}.attn.c_attn.weight"] = out[f"{p}h.{i}.attn.c_attn.weight"] * scale
+            out[f"{p}h.{i}.attn.c_attn.bias"] = out[f"{p}h.{i}.attn.c_attn.bias"] * scale
         out[p + "ln_f.weight"], out[p + "ln_f.bias"] = h(w["norm_w"]), h(w["norm_b"])
     else:
         he, ke = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
@@ -175,9 +210,14 @@ def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
             out[a + "o_proj.weight"] = h(h(layer["wo"]).T)
             if layer["bo"] is not None:
                 out[a + "o_proj.bias"] = h(layer["bo"])
+            if layer.get("q_norm_w") is not None:
+                out[a + "q_norm.weight"] = h(layer["q_norm_w"])
+                out[a + "k_norm.weight"] = h(layer["k_norm_w"])
             out[b + "post_attention_layernorm.weight"] = h(layer["mlp_norm_w"])
-            for n, key in (("gate", "w_gate"), ("up", "w_up"), ("down", "w_down")):
-                out[b + f"mlp.{n}_proj.weight"] = h(h(layer[key]).T)
+            for n in ("gate", "up", "down"):
+                out[b + f"mlp.{n}_proj.weight"] = h(h(layer[f"w_{n}"]).T)
+                if layer.get(f"b_{n}") is not None:
+                    out[b + f"mlp.{n}_proj.bias"] = h(layer[f"b_{n}"])
         out["model.norm.weight"] = h(w["norm_w"])
     if not c.tie_word_embeddings:
         out["lm_head.weight"] = h(h(w["lm_head"]).T)
@@ -258,8 +298,11 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     config = _special_tokens(config, path, tokenizer)
     get = _finite_getter(ckpt)
     weights = _build_weights(config, get, _putter(xp, dt), prefix)
-    return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
-                 name=path.resolve().name)
+    try:
+        return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
+                     name=path.resolve().name)
+    except MinispecError as e:  # e.g. RoPE frequencies no float holds: name the file
+        raise MinispecError(f"{path / 'config.json'}: {e}") from None
 
 
 def _finite_getter(ckpt):
@@ -304,14 +347,23 @@ def read_special_tokens_file(path: Path) -> dict:
 
 def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> ModelConfig:
     """BOS/EOS from config.json, overridden by generation_config.json, else
-    tokenizer_config.json."""
+    tokenizer_config.json; every id checked against the vocabulary here, naming the file it came
+    from, so that no generation later meets a stop token the model cannot emit."""
+    where = {}  # the file and field each id came from
     bos = (config.bos_token_id,) if config.bos_token_id is not None else None
     eos = config.eos_token_ids or None
+    for key, ids in (("bos_token_id", bos), ("eos_token_id", eos)):
+        where.update({(key, i): (path / "config.json", key) for i in ids or ()})
     gen_path = path / "generation_config.json"
     if gen_path.exists():
         gen = read_special_tokens_file(gen_path)
-        bos = _token_ids_from(gen, "bos_token_id", str(gen_path)) or bos
-        eos = _token_ids_from(gen, "eos_token_id", str(gen_path)) or eos
+        for key in ("bos_token_id", "eos_token_id"):
+            ids = _token_ids_from(gen, key, str(gen_path))
+            where.update({(key, i): (gen_path, key) for i in ids or ()})
+            if key == "bos_token_id":
+                bos = ids or bos
+            else:
+                eos = ids or eos
     tc_path = path / "tokenizer_config.json"
     tc = read_special_tokens_file(tc_path) if tc_path.exists() else {}
     if tok is not None:
@@ -322,21 +374,35 @@ def _special_tokens(config: ModelConfig, path: Path, tok: Tokenizer | None) -> M
 
         if bos is None and token_id("bos_token") is not None:
             bos = (token_id("bos_token"),)
+            where[("bos_token_id", bos[0])] = (tc_path, "bos_token")
         if eos is None and token_id("eos_token") is not None:
             eos = (token_id("eos_token"),)
-        # encode() adds BOS exactly when the model's own tokenizer would
-        add_bos = tc.get("add_bos_token")
-        if add_bos is not None and not isinstance(add_bos, bool):
-            raise MinispecError(f"{tc_path}: field 'add_bos_token' should be true, false or "
-                                f"null, got {add_bos!r:.60}")
-        pp_bos = tok.post_processor_bos()
-        if add_bos is False or (add_bos is None and pp_bos is None):
-            tok.bos_id = None
-        else:
-            tok.bos_id = pp_bos if pp_bos is not None else (bos[0] if bos else None)
-        tok.eos_id = eos[0] if eos else None
+            where[("eos_token_id", eos[0])] = (tc_path, "eos_token")
+    for key, ids in (("bos_token_id", bos), ("eos_token_id", eos)):
+        for i in ids or ():
+            if i >= config.vocab_size:
+                file, field = where[(key, i)]
+                raise MinispecError(f"{file}: field {field!r} is token {str(i)[:30]}, outside the "
+                                    f"model's vocabulary (ids 0..{config.vocab_size - 1}, "
+                                    f"vocab_size in config.json)")
+    if tok is not None:
+        _tokenizer_bos_eos(tok, tc, tc_path, bos, eos)
     return dataclasses.replace(config, bos_token_id=bos[0] if bos else None,
                                eos_token_id=eos[0] if eos else None, eos_token_ids=eos or ())
+
+
+def _tokenizer_bos_eos(tok: Tokenizer, tc: dict, tc_path: Path, bos, eos) -> None:
+    """encode() adds BOS exactly when the model's own tokenizer would."""
+    add_bos = tc.get("add_bos_token")
+    if add_bos is not None and not isinstance(add_bos, bool):
+        raise MinispecError(f"{tc_path}: field 'add_bos_token' should be true, false or "
+                            f"null, got {add_bos!r:.60}")
+    pp_bos = tok.post_processor_bos()
+    if add_bos is False or (add_bos is None and pp_bos is None):
+        tok.bos_id = None
+    else:
+        tok.bos_id = pp_bos if pp_bos is not None else (bos[0] if bos else None)
+    tok.eos_id = eos[0] if eos else None
 
 
 def random_model(config: ModelConfig, *, seed: int = 0, device: str = "cpu", dtype=None,

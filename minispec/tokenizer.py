@@ -9,6 +9,7 @@ don't).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,17 @@ class Tokenizer:
                                 f"(pip install tokenizers)") from None
         from .config import read_json
 
-        doc = read_json(Path(path))
+        doc = read_json(Path(path))  # the size, the nesting, NaN: refused with its position
         if not isinstance(doc, dict):
             raise MinispecError(f"{path}: expected a JSON object")
+        text = Path(path).read_text(encoding="utf-8")
         # generation has no use for padding or truncation, and a huge fixed padding aborts the
-        # whole process inside the library: both are dropped before it sees the file
-        doc["padding"] = doc["truncation"] = None
+        # whole process inside the library: both are blanked out before it sees the file, in
+        # place, so that the line and column of any error it reports are the file's own
+        if doc.get("padding") is not None or doc.get("truncation") is not None:
+            text = blank_fields(text, ("padding", "truncation"))
         try:
-            tok = HFTokenizer.from_str(json.dumps(doc))
+            tok = HFTokenizer.from_str(text)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - its Rust panics derive from BaseException
@@ -102,6 +106,28 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.source!r}, vocab={self.vocab_size}, bos={self.bos_id})"
+
+
+def blank_fields(text: str, names: tuple[str, ...]) -> str:
+    """JSON object text with the values of its top-level fields `names` replaced by null, every
+    other character kept at its line and column: the replacement is `null` padded with spaces,
+    and keeps the newlines of what it replaces (a value shorter than 4 characters shifts the rest
+    of its own line only)."""
+    decoder, ws = json.JSONDecoder(), re.compile(r"[ \t\n\r]*")
+    i = ws.match(text, ws.match(text).end() + 1).end()  # past "{"
+    pieces, done = [], 0
+    while i < len(text) and text[i] == '"':
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = ws.match(text, ws.match(text, i).end() + 1).end()  # past ":"
+        _, end = decoder.raw_decode(text, i)
+        if key in names:
+            lines = text[i:end].split("\n")
+            pieces += [text[done:i], "\n".join(["null".ljust(len(lines[0]))]
+                                                + [" " * len(line) for line in lines[1:]])]
+            done = end
+        i = ws.match(text, end).end()
+        i = ws.match(text, i + 1).end() if text[i:i + 1] == "," else i
+    return "".join(pieces) + text[done:]
 
 
 SPACE = "\u00b7"  # a space inside a token, as the traces write it: ' self' shows as '·self'

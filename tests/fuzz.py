@@ -1,6 +1,8 @@
 """A seeded fuzz campaign against minispec's boundaries: mutated checkpoint directories
-(safetensors header and data, config.json, tokenizer.json, files that are not regular files),
-bad load(dtype=...) values, bad generation parameters and bad verify() arguments.
+(safetensors header and data, config.json with its numbers too big, too small or missing,
+tokenizer.json, the BOS/EOS ids of generation_config.json and tokenizer_config.json, files that
+are not regular files), bad load(dtype=...) values, bad generation parameters and bad verify()
+arguments.
 
 Each case runs in its own forked process under a 4 GiB address-space cap and a 20 s timeout, and
 is classified:
@@ -46,13 +48,23 @@ import minispec  # noqa: E402  (the checkout's, imported once before forking)
 from minispec.errors import MinispecError  # noqa: E402
 
 BASE = ROOT / "weights" / "draft"  # a real, small checkpoint directory (2.4 MB)
-KINDS = ("safetensors", "config", "tokenizer", "special", "dtype", "generate", "verify")
+KINDS = ("safetensors", "config", "tokenizer", "special", "tokens", "dtype", "generate", "verify")
 MEMORY_CAP = 4 * 2**30
 TIMEOUT = 20.0
 EXIT = {0: "accepted", 10: "error", 11: "other", 12: "memory", 13: "silent"}
 
-WEIRD = [None, True, False, 0, -1, 1, 2, 3, 7, 2**31, 2**63, 10**12, 1e-320, 1e308, -0.5, 0.5,
-         1.5, "", "x", "1", [], [1], [[1]], {}, {"a": 1}, float("nan"), float("inf")]
+WEIRD = [None, True, False, 0, -1, 1, 2, 3, 7, 2**31, 2**63, 10**12, 10**400, 1e-320, 5e-324,
+         1e308, -0.5, 0.5, 1.5, "", "x", "1", [], [1], [[1]], {}, {"a": 1}, float("nan"),
+         float("inf")]
+# the fields whose numbers feed float math (RMSNorm's epsilon, the RoPE frequencies): an integer
+# no float holds (10**400) must be refused naming the field, not end in an OverflowError
+HUGE = [10**400, 10**309, -(10**400)]  # 10**309: just past the largest float (1.8e308)
+NUMBERS = [10**300, 1e308, 1e-320, 5e-324, 0, 0.0, -1, 1, 1.0000001, 2, 4096, True, "8", None]
+ROPE = {"llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 64},
+        "yarn": {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
+                 "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.5, "attention_factor": None},
+        "linear": {"factor": 2.0}}
 RAW_WEIRD = ["1" * 5000, "1e400", "-1e400", "NaN", "Infinity", "[" * 100000 + "]" * 100000,
              '"\\ud800"', "null", "[]", "{}"]
 
@@ -154,13 +166,57 @@ def mutate_safetensors(d: Path, rng: random.Random) -> None:
 def mutate_config(d: Path, rng: random.Random) -> None:
     path = d / "config.json"
     doc = json.loads(path.read_text())
-    if rng.random() < 0.15:
+    how = rng.random()
+    if how < 0.15:
         doc[rng.choice(["num_hidden_layers", "hidden_size", "max_position_embeddings",
                         "vocab_size", "intermediate_size"])] = rng.choice(
             [10**7, 10**12, 0, -3, 10**6])
+    elif how < 0.45:
+        doc = mutate_numbers(doc, rng)
     else:
         doc = mutate_json_value(doc, rng)
     path.write_text(dump(doc, rng))
+
+
+def mutate_numbers(doc: dict, rng: random.Random) -> dict:
+    """rms_norm_eps, rope_theta (top level or in rope_parameters) or a rope scaling parameter
+    (linear, llama3, YaRN) set to a number too big, too small, zero or of the wrong type."""
+    number = rng.choice(HUGE if rng.random() < 0.5 else NUMBERS)
+    if rng.random() < 0.6:  # a scaled rope_type, spelled either way
+        kind = rng.choice(list(ROPE))
+        scaling = {"rope_type": kind, **ROPE[kind]}
+        scaling[rng.choice(list(ROPE[kind]))] = number
+        if rng.random() < 0.5:
+            doc.pop("rope_parameters", None)
+            doc["rope_scaling"] = scaling
+        else:
+            doc["rope_parameters"] = {"rope_theta": doc.get("rope_theta", 10000.0), **scaling}
+    else:
+        key = rng.choice(["rms_norm_eps", "rope_theta", "rope_parameters"])
+        if key == "rope_parameters":
+            doc[key] = {"rope_type": "default", "rope_theta": number}
+        else:
+            doc[key] = number
+    return doc
+
+
+TOKEN_IDS = [0, 1, 4095, 4096, 4097, 10**12, 10**400, -1, [0, 4096], [4095, 0], [], "0", 1.0,
+             True, None]
+
+
+def mutate_tokens(d: Path, rng: random.Random) -> None:
+    """The BOS/EOS ids minispec reads at load: generation_config.json's ids (the vocabulary has
+    4096 rows), tokenizer_config.json's token strings, or config.json's ids."""
+    name = rng.choice(["generation_config.json", "tokenizer_config.json", "config.json"])
+    path = d / name
+    doc = json.loads(path.read_text())
+    for key in rng.sample(["bos", "eos"], rng.randint(1, 2)):
+        if name == "tokenizer_config.json":
+            doc[f"{key}_token"] = rng.choice(["<|endoftext|>", "</s>", "a", "", None, 5,
+                                              {"content": "<|endoftext|>"}, {"content": 7}])
+        else:
+            doc[f"{key}_token_id"] = rng.choice(TOKEN_IDS)
+    path.write_text(json.dumps(doc))
 
 
 def mutate_tokenizer(d: Path, rng: random.Random) -> None:
@@ -202,6 +258,12 @@ def mutate_special(d: Path, rng: random.Random) -> None:
 def check_model(model) -> None:
     """A loaded model must decode: finite logits, token ids in range (else: silent)."""
     ids = [1, 2, 3] if model.tokenizer is None else model.tokenizer.encode("def f(x):")
+    c = model.config
+    special = [*c.eos_token_ids, c.bos_token_id, c.eos_token_id]
+    if model.tokenizer is not None:
+        special += [model.tokenizer.bos_id, model.tokenizer.eos_id]
+    if not all(i is None or 0 <= i < model.vocab_size for i in special):
+        raise SilentError(f"a BOS/EOS id outside the vocabulary was accepted: {special}")
     out = minispec.autoregressive_generate(model, ids, max_new_tokens=3, temperature=0.0)
     if not all(0 <= t < model.vocab_size for t in out.tokens):
         raise SilentError(f"tokens outside the vocabulary: {out.tokens}")
@@ -284,8 +346,8 @@ def run_case(kind: str, index: int, seed: int, workdir: Path) -> None:
         return case_dtype(rng)
     d = workdir / f"{kind}-{index}"
     shutil.copytree(BASE, d)
-    {"safetensors": mutate_safetensors, "config": mutate_config,
-     "tokenizer": mutate_tokenizer, "special": mutate_special}[kind](d, rng)
+    {"safetensors": mutate_safetensors, "config": mutate_config, "tokenizer": mutate_tokenizer,
+     "special": mutate_special, "tokens": mutate_tokens}[kind](d, rng)
     check_model(minispec.load(d, device="cpu"))
 
 

@@ -126,8 +126,9 @@ def test_tokenizer_pre_tokenizers_bos_and_refusals():
     # (the digits are single tokens in this vocabulary either way; the split decides the merges)
     meta["tokenizer.ggml.add_bos_token"] = True  # llama.cpp puts BOS in front: so does the file
     assert hf_tokenizer(meta, "x").encode("123 the").ids == [1, *ids]
-    for key, value, message in (("tokenizer.ggml.pre", "qwen2", "tokenizer.ggml.pre is 'qwen2'"),
-                                ("tokenizer.ggml.model", "llama", "byte-level BPE .* only")):
+    for key, value, message in (("tokenizer.ggml.pre", "dbrx", "tokenizer.ggml.pre is 'dbrx'"),
+                                ("tokenizer.ggml.model", "t5", "'gpt2'\\) and SentencePiece "),
+                                ("tokenizer.ggml.model", "llama", "needs tokenizer.ggml.scores")):
         with pytest.raises(MinispecError, match=message):
             hf_tokenizer({**meta, key: value}, "x")
 
@@ -161,6 +162,130 @@ def test_bad_inputs_are_refused_clearly(tmp_path, capsys):
     # the command line: exit status 2 and the message, no traceback
     assert main(["gguf", str(tmp_path / "gpt2.gguf"), str(tmp_path / "out")]) == 2
     assert "general.architecture is 'gpt2'" in capsys.readouterr().err
+
+
+# ---- qwen2 / qwen3 GGUFs, and llama GGUFs with a SentencePiece vocabulary (issue 50) ----------
+
+# a SentencePiece vocabulary as llama.cpp stores Llama 2's: <unk>, <s>, </s>, the 256 byte pieces,
+# then pieces scored by merge rank (higher merges first)
+SPM = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)],
+       "\u2581", "t", "h", "e", "a", "n", "d", "\u2581t", "he", "\u2581the", "\u2581a", "an", "nd",
+       "\u2581an", "\u2581and", "\u2581th"]
+SPM_TYPES = [2, 3, 3] + [6] * 256 + [1] * (len(SPM) - 259)  # unknown, control, byte, normal
+SPM_SCORES = [0.0] * 259 + [-float(i) for i in range(len(SPM) - 259)]
+GGUF_TEXTS = ["the and a than", " the  thane\n", "héllo wörld 日本 🙂", "<|im_start|>and the",
+              "12345 them 3.14", "\u2581the"]
+
+
+def _write_gguf_of(path: Path, hf: dict[str, np.ndarray], c, vocab: str) -> Path:
+    """A GGUF as llama.cpp's convert_hf_to_gguf.py writes one: q/k rows permuted for llama only
+    (qwen2 and qwen3 keep the rotate-half layout), qwen3's head dim as key_length; `vocab`
+    "bpe" (byte-level, Qwen2's split) or "spm" (SentencePiece, scores and byte pieces)."""
+    arch = c.family
+    w = gguf.GGUFWriter(path, arch)
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.n_heads)
+    w.add_head_count_kv(c.n_kv_heads)
+    if c.head_dim != c.hidden_size // c.n_heads:
+        w.add_key_length(c.head_dim)
+        w.add_value_length(c.head_dim)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    if vocab == "spm":
+        w.add_tokenizer_model("llama")
+        w.add_token_list(SPM)
+        w.add_token_scores(SPM_SCORES)
+        w.add_token_types(SPM_TYPES)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(TOKENS)
+        w.add_token_types([3, 3] + [1] * (len(TOKENS) - 2))
+        w.add_token_merges(MERGES)
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(1)
+        w.add_add_bos_token(False)
+    names = {**GGUF_NAMES, "self_attn.q_norm.weight": "attn_q_norm.weight",
+             "self_attn.k_norm.weight": "attn_k_norm.weight"}
+    for name, a in hf.items():
+        i, rest = name[len("model.layers."):].split(".", 1) if "layers" in name else ("", name)
+        if arch == "llama" and rest.startswith("self_attn.q_proj."):
+            a = permute(a, c.n_heads)
+        elif arch == "llama" and rest.startswith("self_attn.k_proj."):
+            a = permute(a, c.n_kv_heads)
+        w.add_tensor(f"blk.{i}.{names[rest]}" if i else names[name],
+                     np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("family, vocab, extra", [
+    ("qwen2", "bpe", {"tie_word_embeddings": True}),
+    ("qwen3", "bpe", {"head_dim": 16}),  # q_norm / k_norm, head_dim != hidden / heads
+    ("llama", "spm", {}),  # TinyLlama, Llama 2
+], ids=["qwen2", "qwen3", "llama-sentencepiece"])
+def test_qwen_and_sentencepiece_ggufs_convert_to_their_source_logits_and_transformers_reads_them(
+        tmp_path, family, vocab, extra):
+    words = SPM if vocab == "spm" else TOKENS
+    c = tiny_config(family, vocab_size=len(words), rope_theta=1e6, norm_eps=1e-6, **extra)
+    model = random_model(c, seed=4, scale=0.3)
+    save_checkpoint(model, tmp_path / "src")
+    f = SafetensorsFile(tmp_path / "src" / "model.safetensors")
+    path = _write_gguf_of(tmp_path / "m.gguf", {n: f.get(n) for n in f.keys()}, c, vocab)
+    out = convert_gguf(path, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["head_dim"]) == (family, c.head_dim)
+    m = minispec.load(out, device="cpu")
+    tokens = np.random.default_rng(1).integers(0, len(words), 20)
+    np.testing.assert_allclose(m.logits(tokens), model.logits(tokens), rtol=0, atol=1e-5)
+    tok = m.tokenizer
+    assert tok.bos_id == (1 if vocab == "spm" else None)  # llama.cpp's BOS, where it adds one
+    for text in GGUF_TEXTS:  # (Llama's decoder drops the space it put in front of the text,
+        # and reads a U+2581 in the text as a space)
+        if vocab == "bpe" or not (text.startswith(" ") or "\u2581" in text):
+            assert tok.decode(tok.encode(text, add_bos=False)) == text
+    if vocab == "spm":  # merges from the scores: the highest-ranked pieces win
+        assert tok.encode("the and", add_bos=False) == [SPM.index("\u2581the"),
+                                                        SPM.index("\u2581and")]
+        assert tok.encode("é", add_bos=False) == [SPM.index("\u2581"), 3 + 0xC3, 3 + 0xA9]
+    else:
+        assert tok.encode("<|im_start|> the", add_bos=False) == [1, TOKENS.index("Ġthe")]
+    torch = pytest.importorskip("torch", reason="the transformers check needs torch")
+    transformers = pytest.importorskip("transformers", reason="the check needs transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor(tokens)[None]).logits[0].numpy()
+    assert float(np.abs(m.logits(tokens) - ref).max()) <= 1e-4
+    # the tokenizer: as transformers reads the directory, and as it reads the GGUF itself
+    theirs = [transformers.AutoTokenizer.from_pretrained(out),
+              transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="m.gguf")]
+    for text in GGUF_TEXTS:
+        ids = tok.encode(text, add_bos=False)
+        assert [t(text, add_special_tokens=False)["input_ids"] for t in theirs] == [ids, ids], text
+    assert theirs[0]("the")["input_ids"] == tok.encode("the")  # BOS as the model adds it
+
+
+def test_sentencepiece_merges_follow_the_scores():
+    from minispec.convert import sentencepiece_merges
+
+    tokens = ["a", "b", "c", "ab", "bc", "abc"]
+    merges = sentencepiece_merges(tokens, [0, 0, 0, -2.0, -1.0, -3.0])
+    # the best-scored piece's merge first; of one piece's splits the longer left part first
+    assert merges == [("b", "c"), ("a", "b"), ("ab", "c"), ("a", "bc")]
+    utils = pytest.importorskip("transformers.tokenization_utils_base",
+                                reason="compared with transformers' own")
+    vocab = {t: i for i, t in enumerate(SPM)}
+    assert sentencepiece_merges(SPM, SPM_SCORES) == utils.generate_merges(
+        vocab, dict(zip(SPM, SPM_SCORES)))
 
 
 # ---- SmolLM2-135M-Instruct ---------------------------------------------------------------------

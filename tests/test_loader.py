@@ -1,6 +1,7 @@
 """Loading model directories: round trips in every dtype and layout, tokens, and every bad input."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -151,7 +152,7 @@ def test_not_a_directory_and_missing_files(tmp_path):
 def test_unsupported_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba", "vocab_size": 8}))
     with pytest.raises(MinispecError, match="config.json: model_type 'mamba'.*supported families: "
-                                            "llama, qwen2, mistral, gpt2"):
+                                            "llama, qwen2, qwen3, mistral, gpt2"):
         load(tmp_path)
 
 
@@ -377,3 +378,89 @@ def test_an_unreadable_special_tokens_file_is_ignored_with_a_warning(tmp_path):
     assert all("not valid JSON" in str(w.message) and "ignored" in str(w.message) for w in caught)
     # both files set aside: EOS from config.json, BOS as the tokenizer's own template adds it
     assert (m.config.eos_token_ids, m.tokenizer.encode("hello")) == ((2,), [1, 3])
+
+
+# -- issue 50: token ids checked at load, tokenizer.json errors at the file's own positions, and
+# the new parts saved and loaded -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("file, doc, field", [
+    ("generation_config.json", {"eos_token_id": [2, 48]}, "eos_token_id"),
+    ("generation_config.json", {"bos_token_id": 10**30}, "bos_token_id"),
+    ("config.json", {"eos_token_id": 1000}, "eos_token_id"),
+])
+def test_a_bos_or_eos_id_outside_the_vocabulary_is_refused_at_load_naming_its_file(
+        tmp_path, file, doc, field):
+    _saved(tmp_path)  # vocab_size 48
+    path = tmp_path / file
+    old = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**old, **doc}))
+    with pytest.raises(MinispecError) as e:
+        load(tmp_path, device="cpu")
+    assert str(e.value).startswith(f"{path}: field '{field}' is token ")
+    assert "outside the model's vocabulary (ids 0..47" in str(e.value)
+
+
+def test_a_special_token_the_tokenizer_places_past_the_model_rows_is_refused(tmp_path):
+    _saved(tmp_path, vocab_size=5, bos_token_id=None, eos_token_id=None)
+    _write_tokenizer(tmp_path, bos_template=False)  # "<eot>" is id 5 of the tokenizer
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eot>"}))
+    with pytest.raises(MinispecError, match="tokenizer_config.json: field 'eos_token' is token 5, "
+                                            "outside the model's vocabulary \\(ids 0..4"):
+        load(tmp_path, device="cpu")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    assert load(tmp_path, device="cpu").config.eos_token_ids == (2,)
+
+
+@pytest.mark.parametrize("truncation", [None, {"max_length": 8, "stride": 0,
+                                               "strategy": "LongestFirst", "direction": "Right"}])
+def test_tokenizer_json_errors_point_into_the_file_as_written(tmp_path, truncation):
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from minispec.tokenizer import Tokenizer
+
+    _write_tokenizer(tmp_path, bos_template=False)
+    doc = json.loads((tmp_path / "tokenizer.json").read_text())
+    doc["truncation"] = truncation  # set: blanked out before the library reads the file
+    doc["model"]["unk_token"] = 7  # a number where the library wants a string
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(doc, indent=2))
+    with pytest.raises(Exception) as theirs:  # the library reading the file itself
+        HFTokenizer.from_file(str(path))
+    where = re.search(r"line (\d+) column (\d+)", str(theirs.value))
+    assert where and int(where.group(1)) > 20  # deep in a pretty-printed file
+    with pytest.raises(MinispecError) as ours:
+        Tokenizer.from_file(path)
+    assert str(ours.value).startswith(f"{path}: not a valid tokenizer.json")
+    assert where.group(0) in str(ours.value)
+
+
+def test_blanking_padding_keeps_every_other_character_in_place():
+    from minispec.tokenizer import blank_fields
+
+    text = ('{\n  "truncation": {\n    "max_length": 512\n  },\n  "padding": 5, "x": [1,\n'
+            '  2],\n  "padding": {"a": "}\\""}\n}')
+    out = blank_fields(text, ("padding", "truncation"))
+    assert json.loads(out) == {"truncation": None, "padding": None, "x": [1, 2]}
+    assert [len(line) for line in out.split("\n")][1:] == [
+        len(line) + (line.endswith("5, \"x\": [1,") * 3) + (line.endswith("{") * 3)
+        for line in text.split("\n")][1:]
+
+
+@pytest.mark.parametrize("family, extra", [
+    ("qwen3", {"head_dim": 16}), ("qwen3", {"attention_bias": True}),
+    ("llama", {"mlp_bias": True}), ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
+])
+def test_round_trip_of_the_new_parts(tmp_path, family, extra):
+    m = _saved(tmp_path, family, **extra)
+    names = set(_to_hf_tensors(m))
+    if family == "qwen3":
+        assert "model.layers.1.self_attn.q_norm.weight" in names
+        assert ("model.layers.0.self_attn.o_proj.bias" in names) == extra.get("attention_bias",
+                                                                              False)
+    if extra.get("mlp_bias"):
+        assert {f"model.layers.0.mlp.{n}_proj.bias" for n in ("gate", "up", "down")} <= names
+    loaded = load(tmp_path, device="cpu")
+    assert loaded.config == m.config
+    # gpt2's folded query scale is unfolded on save and folded again on load: rounding only
+    np.testing.assert_allclose(loaded.logits(TOKENS), m.logits(TOKENS), atol=1e-6, rtol=0)

@@ -173,3 +173,79 @@ def test_new_cache_refuses_what_it_cannot_hold():
     from minispec import autoregressive_generate
     r = autoregressive_generate(huge, [1, 2, 3], max_new_tokens=4, temperature=0)
     assert len(r.tokens) == 4
+
+
+# ---- the parts issue 50 added: Qwen3's q/k norms, MLP biases, GPT-2's layer-scaled attention,
+# YaRN, Qwen's every-layer window -----------------------------------------------------------------
+
+VARIANTS = {
+    "qwen3": ("qwen3", {"head_dim": 16}),  # head_dim != hidden / heads, as Qwen3's
+    "qwen3-bias": ("qwen3", {"attention_bias": True}),
+    "llama-mlp-bias": ("llama", {"mlp_bias": True, "attention_bias": True}),
+    "gpt2-layer-scale": ("gpt2", {"scale_attn_by_inverse_layer_idx": True}),
+    "llama-yarn": ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 8}}),
+    "qwen2-window": ("qwen2", {"sliding_window": 5}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_cached_path_of_the_new_parts_equals_a_full_recompute(name):
+    family, extra = VARIANTS[name]
+    m = _model(family, "cpu", **extra)
+    ref = m.logits(TOKENS)
+    assert np.abs(ref).max() > 0.5
+    # the part changes the function: the same weights without it give other logits
+    plain = random_model(tiny_config(family, **{k: None if k == "rope_scaling" else v
+                                                for k, v in extra.items()
+                                                if k in ("head_dim", "rope_scaling")}),
+                         seed=7, scale=0.3)
+    if name not in ("qwen3", "qwen3-bias"):  # (qwen3's plain twin has other tensors)
+        assert not np.allclose(plain.logits(TOKENS), ref, atol=1e-3)
+    cache = m.new_cache(32)
+    steps = [_fwd(m, TOKENS[:5], cache), _fwd(m, TOKENS[5:6], cache), _fwd(m, TOKENS[6:10], cache)]
+    cache.rollback(8)
+    steps = np.concatenate(steps)[:8]
+    rest = _fwd(m, TOKENS[8:], cache)
+    np.testing.assert_allclose(np.concatenate([steps, rest]), ref, atol=TOL, rtol=0)
+
+
+def test_qwen3_normalises_each_query_and_key_head():
+    m = _model("qwen3", "cpu", head_dim=16)
+    layer = m.weights["layers"][0]
+    assert layer["q_norm_w"].shape == layer["k_norm_w"].shape == (16,)
+    ref = m.logits(TOKENS[:6])
+    # scaling a head's query (or key) projection rows changes nothing after its RMSNorm ...
+    wqkv = layer["wqkv"].copy()
+    layer["wqkv"] = wqkv * np.concatenate([np.full(16, 3.0), np.ones(wqkv.shape[1] - 16)])
+    np.testing.assert_allclose(m.logits(TOKENS[:6]), ref, atol=TOL, rtol=0)
+    # ... while changing the norm weights does
+    layer["wqkv"], layer["k_norm_w"] = wqkv, layer["k_norm_w"] * 2
+    assert not np.allclose(m.logits(TOKENS[:6]), ref, atol=1e-3)
+
+
+def test_yarn_scales_cos_and_sin_by_its_attention_factor():
+    m = _model("llama", "cpu", rope_scaling={"rope_type": "yarn", "factor": 16.0,
+                                             "original_max_position_embeddings": 8})
+    cos, sin = m.rope_rows(np.arange(5))
+    np.testing.assert_allclose(cos**2 + sin**2, (0.1 * np.log(16) + 1) ** 2, rtol=1e-6)
+    # the last guard, for a config changed after its checks (from_hf refuses such a theta)
+    from minispec.core.model import rope_inv_freq
+
+    c = tiny_config()
+    c.rope_theta = 0.0
+    with np.errstate(all="ignore"), pytest.raises(MinispecError, match="not finite"):
+        rope_inv_freq(c)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_the_batched_forward_computes_the_new_parts_too(name):
+    from minispec.batch_forward import batch_hidden
+
+    family, extra = VARIANTS[name]
+    m = _model(family, "cpu", **extra)
+    seqs = [TOKENS[:7], TOKENS[3:12]]
+    caches = [m.new_cache(32), m.new_cache(32)]
+    hs = batch_hidden(m, seqs, caches)
+    for h, seq in zip(hs, seqs):
+        np.testing.assert_allclose(to_host(m.lm_head(h)), m.logits(seq), atol=TOL, rtol=0)

@@ -76,7 +76,8 @@ def test_special_tokens_files(row, tmp_path):
     tokenizer_config fields load() reads, bos/eos/add_bos_token, are all exercised)."""
     path = DATA / row["file"]
     shutil.copyfile(path, tmp_path / path.name)
-    config = ModelConfig(family="llama", vocab_size=1000, hidden_size=8, n_layers=1, n_heads=2,
+    # a vocabulary holding every id these files name (load() checks them against it)
+    config = ModelConfig(family="llama", vocab_size=2**18, hidden_size=8, n_layers=1, n_heads=2,
                          intermediate_size=16, max_position_embeddings=16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

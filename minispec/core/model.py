@@ -1,11 +1,12 @@
 """The transformer forward pass as pure functions over `xp` (NumPy or CuPy), and the KV cache.
 
 One decoder-only block serves every family: pre-norm attention and MLP sublayers on a residual
-stream. Llama, Qwen2 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU MLP;
-GPT-2 uses LayerNorm, learned position embeddings and a GELU MLP. Weights arrive as plain dicts
-already mapped from the checkpoint (minispec/loader.py), linear weights given as [in, out] so every
-projection is `x @ w` (through backend.matmul, the one place a CPU speed trick lives: on the CPU a
-few rows go through a kernel that reads each weight once for all of them).
+stream. Llama, Qwen2, Qwen3 and Mistral use RMSNorm, rotary position embeddings (RoPE) and a SwiGLU
+MLP (Qwen3 also RMSNorms each query and key head); GPT-2 uses LayerNorm, learned position
+embeddings and a GELU MLP. Weights arrive as plain dicts already mapped from the checkpoint
+(minispec/loader.py), linear weights given as [in, out] so every projection is `x @ w` (through
+backend.matmul, the one place a CPU speed trick lives: on the CPU a few rows go through a kernel
+that reads each weight once for all of them).
 
 Shapes, one notation throughout:
   T new tokens, S cached+new positions, S_max cache capacity, D model width, H query heads,
@@ -29,6 +30,7 @@ import numpy as np
 from ..backend import matmul, memory_bytes, to_host
 from ..config import ModelConfig
 from ..errors import MinispecError
+from ..rope_scaling import llama3_inv_freq, rope_attention_factor, yarn_inv_freq
 
 DEFAULT_MAX_CACHE = 4096  # default cache length cap: a 128k-context config must not take gigabytes
 
@@ -74,27 +76,28 @@ def gelu_new(xp, x):
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """The E/2 RoPE inverse frequencies theta^(-2i/E), with linear or Llama 3 scaling (float64)."""
+    """The E/2 RoPE inverse frequencies theta^(-2i/E), with linear, Llama 3 or YaRN scaling
+    (float64)."""
     e = config.head_dim
-    inv = 1.0 / config.rope_theta ** (np.arange(0, e, 2, dtype=np.float64) / e)
-    rs = config.rope_scaling
-    if rs is None:
-        return inv
+    inv = 1.0 / config.rope_theta ** (np.arange(0, e, 2, dtype=np.float64) / e)  # [E/2]
+    rs = config.rope_scaling or {"rope_type": "default"}
     if rs["rope_type"] == "linear":
-        return inv / rs["factor"]
-    # llama3: long wavelengths slowed down by `factor`, short ones kept, the band between blended
-    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
-    old = rs["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv
-    smooth = (old / wavelen - lo) / (hi - lo)
-    blended = (1 - smooth) * inv / factor + smooth * inv
-    return np.where(wavelen < old / hi, inv, np.where(wavelen > old / lo, inv / factor, blended))
+        inv = inv / rs["factor"]
+    elif rs["rope_type"] == "llama3":
+        inv = llama3_inv_freq(inv, rs)
+    elif rs["rope_type"] == "yarn":
+        inv = yarn_inv_freq(inv, rs, config.rope_theta)
+    if not np.isfinite(inv).all():  # cos(inf) is NaN: every logit would be
+        raise MinispecError(f"ModelConfig.rope_theta {config.rope_theta} with rope_scaling "
+                            f"{config.rope_scaling}: the RoPE frequencies are not finite")
+    return inv
 
 
-def rope_tables(inv_freq: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of position * frequency, positions 0..n-1: two [n, E/2] float64 host arrays."""
+def rope_tables(inv_freq: np.ndarray, n: int, scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of position * frequency, positions 0..n-1, times `scale` (YaRN's attention
+    factor): two [n, E/2] float64 host arrays."""
     angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]  # [n, E/2]
-    return np.cos(angles), np.sin(angles)
+    return scale * np.cos(angles), scale * np.sin(angles)
 
 
 def rope(xp, x, cos, sin):
@@ -144,28 +147,43 @@ def attention(xp, q, k, v, mask):
 
 def mlp(xp, x, p: dict[str, Any]):
     """SwiGLU (w_gate present) or GPT-2's GELU MLP. x [T, D] -> [T, F] -> [T, D]."""
-    if p["w_gate"] is not None:
-        hidden = silu(xp, linear(x, p["w_gate"])) * linear(x, p["w_up"])  # [T, D] -> [T, F]
+    if p["w_gate"] is not None:  # biases only in Granite's
+        hidden = (silu(xp, linear(x, p["w_gate"], p.get("b_gate")))
+                  * linear(x, p["w_up"], p["b_up"]))  # [T, D] -> [T, F]
     else:
         hidden = gelu_new(xp, linear(x, p["w_up"], p["b_up"]))  # [T, D] -> [T, F]
     return linear(hidden, p["w_down"], p["b_down"])  # [T, F] -> [T, D]
 
 
+def qkv_heads(xp, x, p: dict[str, Any], config: ModelConfig, rot):
+    """The attention's inputs: norm, one projection for the queries, keys and values, Qwen3's
+    RMSNorm over each query and key head, RoPE. x [T, D] -> [T, H+2K, E] (queries, keys, values).
+    """
+    n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
+    xn = norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
+    qkv = linear(xn, p["wqkv"], p["bqkv"])  # [T, D] -> [T, (H+2K)E]
+    qkv = qkv.reshape(x.shape[0], n_heads + 2 * n_kv, e)  # -> [T, H+2K, E]
+    if p.get("q_norm_w") is not None:  # Qwen3, before RoPE
+        qkv[:, :n_heads] = rms_norm(qkv[:, :n_heads], p["q_norm_w"], config.norm_eps)  # [T, H, E]
+        k = qkv[:, n_heads:n_heads + n_kv]  # [T, K, E]
+        qkv[:, n_heads:n_heads + n_kv] = rms_norm(k, p["k_norm_w"], config.norm_eps)
+    if rot is not None:  # the H query and K key heads, rotated in one call
+        qkv[:, :n_heads + n_kv] = rope(xp, qkv[:, :n_heads + n_kv], *rot)
+    return qkv
+
+
 def block(xp, x, p: dict[str, Any], config: ModelConfig, rot, layer_cache, pos: int, mask):
     """One transformer block: x + attn(norm(x)), then + mlp(norm(.)). x [T, D] -> [T, D].
 
-    p holds attn_norm_w/_b, wqkv [D, (H+2K)E], bqkv, wo [H*E, D], bo, mlp_norm_w/_b, w_gate [D, F]
-    (None for GPT-2), w_up [D, F], b_up, w_down [F, D], b_down; absent biases are None. rot is
-    (cos, sin) [T, E/2] for RoPE or None; layer_cache is this layer's (k_cache, v_cache), each
-    [K, S_max, E], or None: the T tokens then attend only to each other.
+    p holds attn_norm_w/_b, wqkv [D, (H+2K)E], bqkv, q_norm_w and k_norm_w [E] (Qwen3, else
+    None), wo [H*E, D], bo, mlp_norm_w/_b, w_gate [D, F] (None for GPT-2), b_gate, w_up [D, F],
+    b_up, w_down [F, D], b_down; absent biases are None. rot is (cos, sin) [T, E/2] for RoPE or
+    None; layer_cache is this layer's (k_cache, v_cache), each [K, S_max, E], or None: the T
+    tokens then attend only to each other.
     """
-    n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
+    n_heads, n_kv = config.n_heads, config.n_kv_heads
     t = x.shape[0]
-    xn = norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
-    qkv = linear(xn, p["wqkv"], p["bqkv"])  # [T, D] -> [T, (H+2K)E]
-    qkv = qkv.reshape(t, n_heads + 2 * n_kv, e)  # -> [T, H+2K, E]
-    if rot is not None:  # the H query and K key heads, rotated in one call
-        qkv[:, :n_heads + n_kv] = rope(xp, qkv[:, :n_heads + n_kv], *rot)
+    qkv = qkv_heads(xp, x, p, config, rot)  # [T, D] -> [T, H+2K, E]
     q, k, v = qkv[:, :n_heads], qkv[:, n_heads:n_heads + n_kv], qkv[:, n_heads + n_kv:]
     k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, K, E] -> [K, T, E]
     if layer_cache is not None:
@@ -229,6 +247,7 @@ class Model:
         self.vocab_size = config.vocab_size
         self.n_layers = config.n_layers
         self._inv_freq = rope_inv_freq(config) if config.family != "gpt2" else None
+        self._rope_scale = rope_attention_factor(config)
         self._cos = self._sin = None
         self._rope_len = 0
         if self._inv_freq is not None:
@@ -242,7 +261,7 @@ class Model:
     def _grow_rope(self, n: int) -> None:
         # tables for positions 0..n-1; grown on demand (each entry depends only on its position)
         n = min(max(n, 2 * self._rope_len), self.config.max_position_embeddings)
-        cos, sin = rope_tables(self._inv_freq, n)
+        cos, sin = rope_tables(self._inv_freq, n, self._rope_scale)
         self._cos = self.xp.asarray(cos.astype(self.dtype))
         self._sin = self.xp.asarray(sin.astype(self.dtype))
         self._rope_len = n
