@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .core.model import KVCache, Model, attention, causal_mask, linear, mlp, norm, rope
+from .core.model import KVCache, Model, attention, causal_mask, linear, mlp, norm, qkv_heads
 
 
 def batched_block(xp, x, p: dict[str, Any], config, rot, layer_caches, starts, sizes, masks):
@@ -25,13 +25,8 @@ def batched_block(xp, x, p: dict[str, Any], config, rot, layer_caches, starts, s
     v_cache); starts: each sequence's first new position; sizes: its T_b; masks: its [T_b, S_b]
     mask or None. The projections and the MLP see all N rows; attention is per sequence.
     """
-    n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
-    n = x.shape[0]
-    qkv = linear(norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps), p["wqkv"],
-                 p["bqkv"])  # [N, D] -> [N, (H+2K)E]: one matmul for the batch
-    qkv = qkv.reshape(n, n_heads + 2 * n_kv, e)  # -> [N, H+2K, E]
-    if rot is not None:
-        qkv[:, :n_heads + n_kv] = rope(xp, qkv[:, :n_heads + n_kv], *rot)
+    n_heads, n_kv = config.n_heads, config.n_kv_heads
+    qkv = qkv_heads(xp, x, p, config, rot)  # [N, D] -> [N, H+2K, E]: one matmul for the batch
     outs, i = [], 0
     for (k_cache, v_cache), pos, t, mask in zip(layer_caches, starts, sizes, masks):
         q = qkv[i:i + t, :n_heads]  # [T_b, H, E]

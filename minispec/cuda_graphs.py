@@ -611,6 +611,11 @@ def supported(model) -> str | None:
         return f"head_dim {c.head_dim}: the fused attention takes even head dims up to {_THREADS}"
     if np.dtype(model.dtype) not in (np.float32, np.float16):
         return f"fused kernels compute float32 or float16, got {model.dtype}"
+    layer = model.weights["layers"][0]
+    if layer.get("q_norm_w") is not None:
+        return "the fused step has no RMSNorm of each query and key head (Qwen3)"
+    if layer.get("b_gate") is not None:
+        return "the fused MLP has no biases (Granite's mlp_bias)"
     return None
 
 

@@ -98,7 +98,7 @@ def _write(path, drafter, config=None, drop=None, poison=False):
               path / "model.safetensors")
     cfg = {"hidden_size": c.hidden_size, "num_attention_heads": H, "num_key_value_heads": K,
            "head_dim": E, "intermediate_size": c.intermediate_size, "rms_norm_eps": c.norm_eps}
-    (path / "config.json").write_text(json.dumps(config or cfg))
+    (path / "config.json").write_text(json.dumps({**cfg, **(config or {})}))
 
 
 def test_a_head_written_to_files_drafts_the_same_and_bad_files_are_named(tmp_path):
@@ -123,6 +123,10 @@ def test_a_head_written_to_files_drafts_the_same_and_bad_files_are_named(tmp_pat
     _write(tmp_path / "c", drafter, poison=True)
     with pytest.raises(MinispecError, match="infinite"):
         load_eagle(tmp_path / "c", TARGET)
+    for field in ("rms_norm_eps", "rope_theta"):  # JSON integers too big for any float
+        _write(tmp_path / field, drafter, config={field: 10**400})
+        with pytest.raises(MinispecError, match=f"'{field}': an integer of 401 digits"):
+            load_eagle(tmp_path / field, TARGET)
     with pytest.raises(MinispecError, match="dynamic"):
         random_eagle(TARGET, dynamic=(2, 6))
 

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import to_host
-from ..config import ModelConfig
+from ..config import ModelConfig, positive_float
 from ..core.drafter import Draft
 from ..core.model import Model, linear
 from ..core.sampling import sample
@@ -385,8 +385,10 @@ def _layer_config(target, cfg: dict, source: str) -> ModelConfig:
                        head_dim=field("head_dim", int),
                        intermediate_size=field("intermediate_size", int),
                        max_position_embeddings=c.max_position_embeddings,
-                       norm_eps=float(field("rms_norm_eps", (int, float))),
-                       rope_theta=float(field("rope_theta", (int, float), 10000.0)),
+                       norm_eps=positive_float(field("rms_norm_eps", (int, float)),
+                                               f"{source}: field 'rms_norm_eps'"),
+                       rope_theta=positive_float(field("rope_theta", (int, float), 10000.0),
+                                                 f"{source}: field 'rope_theta'"),
                        tie_word_embeddings=True)
 
 
