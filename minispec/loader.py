@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import shipped
-from .backend import get_backend, to_host
+from .backend import BF16, get_backend, kernel_available, to_host, widen
 from .config import ModelConfig, read_config, read_json
 from .core.model import Model
 from .errors import MinispecError
@@ -107,14 +107,16 @@ def _gpt2_prefix(names) -> str:
     return "transformer." if "transformer.wte.weight" in names else ""
 
 
-def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix: str = ""):
+def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix: str = "",
+                   put_linear=None):
     """The weight dicts model.py takes, from HF-named tensors. get(name) -> host array (HF layout);
-    put(host array) -> contiguous device array in the compute dtype."""
+    put(host array) -> contiguous device array in the compute dtype; put_linear, if given, puts
+    the linear weights instead (as stored: `_as_stored`)."""
     # every linear weight w [in, out] is a view of an [out, in] array: each output's weights one
     # contiguous row, which the few-rows products stream (backend.few_rows_matmul on the CPU,
     # cuda_graphs.py's kernel on a GPU; cuBLAS reads the view as a transposed matrix, no copy)
     def lin(a):  # the checkpoint's [out, in] -> w [in, out]
-        return put(a).T
+        return (put_linear or put)(a).T
 
     layers = []
     if c.family == "gpt2":
@@ -166,8 +168,15 @@ def _build_weights(c: ModelConfig, get: Callable[[str], np.ndarray], put, prefix
             })
         top = {"embed": put(get("model.embed_tokens.weight")), "pos_embed": None,
                "norm_w": put(get("model.norm.weight")), "norm_b": None}
-    # a tied head is a transposed view of the embedding (no copy)
-    top["lm_head"] = top["embed"].T if c.tie_word_embeddings else lin(get("lm_head.weight"))
+    # a tied head is a transposed view of the embedding (no copy; a copy of its own where the
+    # linear weights are held as stored and the embedding is not)
+    if not c.tie_word_embeddings:
+        top["lm_head"] = lin(get("lm_head.weight"))
+    elif put_linear is None:
+        top["lm_head"] = top["embed"].T
+    else:
+        top["lm_head"] = lin(get(f"{prefix}wte.weight" if c.family == "gpt2"
+                                 else "model.embed_tokens.weight"))
     top["layers"] = layers
     return top
 
@@ -177,7 +186,7 @@ def _to_hf_tensors(model: Model) -> dict[str, np.ndarray]:
     c, w = model.config, model.weights
 
     def h(a) -> np.ndarray:
-        return np.ascontiguousarray(to_host(a), dtype=np.float32)
+        return np.ascontiguousarray(widen(to_host(a)), dtype=np.float32)
 
     out: dict[str, np.ndarray] = {}
     if c.family == "gpt2":
@@ -237,6 +246,28 @@ def _compute_dtype(dtype) -> np.dtype:
     return dt
 
 
+def _as_stored(ckpt, config: ModelConfig, prefix: str, xp, dtype, requested) -> Callable | None:
+    """How the linear weights are put when they stay as stored: a bfloat16 checkpoint loaded on
+    the CPU with the default dtype keeps its matrices 16-bit (backend.BF16), which the few-rows
+    kernels widen in registers: the same logits, bit for bit, for half the bytes each step reads.
+    None (every weight widened to `dtype` at load) on the GPU, for an explicit dtype, without
+    numba, or for a checkpoint whose matrices are not all BF16."""
+    if requested is not None or xp is not np or not kernel_available():
+        return None
+    names = [n for n, shape in hf_shapes(config, prefix).items() if len(shape) == 2
+             and "wpe" not in n]  # GPT-2's position table is looked up, not multiplied
+    if any(ckpt.dtype(n) != "BF16" for n in names):
+        return None
+
+    def put(a: np.ndarray) -> np.ndarray:
+        bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        if (bits & 0xFFFF).any():  # not a bfloat16 (GPT-2's scaled queries): float32 as it is
+            return np.array(a, dtype=dtype, order="C")
+        return (bits >> 16).astype(BF16)
+
+    return put
+
+
 def _putter(xp, dtype: np.dtype):
     def put(a: np.ndarray):
         # always a copy: a view into the memory-mapped file would break if the file changed later
@@ -254,7 +285,9 @@ def _describe(c: ModelConfig) -> str:
 def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     """Load a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]) -> Model.
 
-    dtype: compute dtype, None -> float32 ("float16" is meant for the GPU). device: "auto" | "cpu" |
+    dtype: compute dtype, None -> float32 ("float16" is meant for the GPU); with None, a bfloat16
+    checkpoint on the CPU keeps its matrices bfloat16 in memory (`_as_stored`: the same logits,
+    half the bytes read), dtype="float32" widens them at load. device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
     "shipped:target" (or "shipped:draft") names a shipped model from any directory.
     """
@@ -297,7 +330,8 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
         tokenizer = Tokenizer.from_file(path / "tokenizer.json")
     config = _special_tokens(config, path, tokenizer)
     get = _finite_getter(ckpt)
-    weights = _build_weights(config, get, _putter(xp, dt), prefix)
+    weights = _build_weights(config, get, _putter(xp, dt), prefix,
+                             _as_stored(ckpt, config, prefix, xp, dt, dtype))
     try:
         return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
                      name=path.resolve().name)

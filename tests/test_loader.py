@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from conftest import FAMILIES, tiny_config
 
+from minispec.backend import BF16, kernel_available
 from minispec.errors import MinispecError
 from minispec.loader import _to_hf_tensors, load, random_model, save_checkpoint
+from minispec.measure.harness import decode_weight_bytes
 from minispec.safetensors import save_file
 
 TOKENS = [3, 17, 5, 42, 8, 0, 31]
@@ -70,6 +72,40 @@ def test_bf16_exact_values(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(m.config.to_hf()))
     loaded = load(tmp_path, device="cpu")
     np.testing.assert_array_equal(loaded.weights["embed"], tensors["model.embed_tokens.weight"])
+
+
+@pytest.mark.skipif(not kernel_available(), reason="weights stay as stored where numba runs "
+                    "the few-rows kernel; without it they are widened at load")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bfloat16_checkpoint_stays_bfloat16_with_the_same_logits(tmp_path, family):
+    save_checkpoint(random_model(tiny_config(family), seed=1, scale=0.1), tmp_path, bf16=True)
+    stored = load(tmp_path, device="cpu")  # dtype None: the matrices as stored
+    wide = load(tmp_path, device="cpu", dtype="float32")  # widened at load, as before
+    layer = stored.weights["layers"][0]
+    assert layer["wqkv"].dtype == layer["w_down"].dtype == stored.weights["lm_head"].dtype == BF16
+    assert wide.weights["lm_head"].dtype == np.float32 == stored.weights["embed"].dtype
+    assert 2 * decode_weight_bytes(stored) - decode_weight_bytes(wide) < 4096  # but the norms
+    # every logit the same bits: prefill (NumPy on widened weights), one-token steps and a
+    # 5-token verify call (the few-rows kernel widening in registers)
+    np.testing.assert_array_equal(stored.logits(TOKENS), wide.logits(TOKENS))
+    caches = stored.new_cache(32), wide.new_cache(32)
+    for m, c in zip((stored, wide), caches):
+        m.forward(TOKENS[:2], c)
+    for t in TOKENS[2:6]:
+        np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
+    np.testing.assert_array_equal(stored.forward(TOKENS[:5], caches[0]),
+                                  wide.forward(TOKENS[:5], caches[1]))
+    save_checkpoint(stored, tmp_path / "again", bf16=True)  # written back as it was read
+    np.testing.assert_array_equal(load(tmp_path / "again", dtype="float32").logits(TOKENS),
+                                  wide.logits(TOKENS))
+
+
+def test_float32_and_explicit_dtypes_are_not_kept_16_bit(tmp_path):
+    save_checkpoint(random_model(tiny_config()), tmp_path / "f32")
+    assert load(tmp_path / "f32", device="cpu").weights["lm_head"].dtype == np.float32
+    save_checkpoint(random_model(tiny_config()), tmp_path / "bf16", bf16=True)
+    assert load(tmp_path / "bf16", device="cpu", dtype="float16").weights["lm_head"].dtype == \
+        np.float16
 
 
 def test_round_trip_f16(tmp_path):
