@@ -268,6 +268,19 @@ def _as_stored(ckpt, config: ModelConfig, prefix: str, xp, dtype, requested) -> 
     return put
 
 
+def widened(model: Model) -> Model:
+    """`model` with every matrix held as stored (BF16) widened to float32: what dtype="float32"
+    would have loaded, sharing every other array."""
+    def wide(a):
+        return widen(a.T).T if isinstance(a, np.ndarray) and a.dtype == BF16 else a
+
+    w = model.weights
+    weights = {k: wide(v) for k, v in w.items() if k != "layers"}
+    weights["layers"] = [{k: wide(v) for k, v in layer.items()} for layer in w["layers"]]
+    return Model(model.config, weights, xp=model.xp, device=model.device, dtype=model.dtype,
+                 tokenizer=model.tokenizer, name=model.name)
+
+
 def _putter(xp, dtype: np.dtype):
     def put(a: np.ndarray):
         # always a copy: a view into the memory-mapped file would break if the file changed later

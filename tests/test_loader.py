@@ -9,7 +9,7 @@ from conftest import FAMILIES, tiny_config
 
 from minispec.backend import BF16, kernel_available
 from minispec.errors import MinispecError
-from minispec.loader import _to_hf_tensors, load, random_model, save_checkpoint
+from minispec.loader import _to_hf_tensors, load, random_model, save_checkpoint, widened
 from minispec.measure.harness import decode_weight_bytes
 from minispec.safetensors import save_file
 
@@ -95,6 +95,10 @@ def test_a_bfloat16_checkpoint_stays_bfloat16_with_the_same_logits(tmp_path, fam
         np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
     np.testing.assert_array_equal(stored.forward(TOKENS[:5], caches[0]),
                                   wide.forward(TOKENS[:5], caches[1]))
+    copy = widened(stored)  # float32 copies of the matrices (bench's NumPy-products path)
+    head = copy.weights["lm_head"]
+    assert head.dtype == np.float32 and head.T.flags.c_contiguous
+    np.testing.assert_array_equal(copy.logits(TOKENS), wide.logits(TOKENS))
     save_checkpoint(stored, tmp_path / "again", bf16=True)  # written back as it was read
     np.testing.assert_array_equal(load(tmp_path / "again", dtype="float32").logits(TOKENS),
                                   wide.logits(TOKENS))

@@ -212,10 +212,13 @@ CURVE_KS = range(1, 17)  # the verify-cost curves: target calls of 1..16 tokens
 
 class NumpyProducts:
     """A model whose forward runs with the few-rows kernel off (every weight product NumPy's
-    `x @ w`): what the timing functions need to time the BLAS path beside the kernel."""
+    `x @ w`, on float32 weights: BF16 ones widened once, here): what the timing functions need
+    to time the BLAS path beside the kernel."""
 
     def __init__(self, model) -> None:
-        self.model, self.vocab_size = model, model.vocab_size
+        from ..loader import widened
+
+        self.model, self.vocab_size = widened(model), model.vocab_size
         self.device, self.xp = model.device, model.xp
 
     def new_cache(self, max_len: int | None = None):
