@@ -3,7 +3,7 @@
 Each round the small draft model proposes gamma tokens; the target scores them all in one forward
 call; each draft x is kept with probability min(1, p(x) / q(x)), the first rejected one is
 replaced by a draw from norm(max(0, p - q)), and when every draft is kept the target's last row
-gives a bonus token. Leviathan et al. 2023, Algorithm 1; their Theorem 3.1 (and Chen et al. 2023)
+gives a bonus token. Leviathan et al. 2023, Algorithm 1 and Appendix A.1 (and Chen et al. 2023)
 makes it lossless: the output is distributed exactly as the target's own samples.
 p, q: the target's and the draft's probability rows [V] (V: the target's vocabulary).
 
@@ -41,7 +41,7 @@ def rounds(target, draft, prompt_ids, *, max_new_tokens, temperature, top_k=0, t
     """Yield each round's new tokens (accepted drafts, then one correction or bonus token);
     each round is one target forward call."""
     rng, V, ctx, n = np.random.default_rng(seed), target.vocab_size, list(prompt_ids), 0
-    size = len(ctx) + max_new_tokens + gamma
+    size = min(len(ctx) + max_new_tokens + gamma, target.config.max_position_embeddings)
     cache_p, cache_q = target.new_cache(size), draft.new_cache(size)
     while n < max_new_tokens:
         g = min(gamma, max_new_tokens - n - 1)  # a round emits up to g + 1 tokens
@@ -59,7 +59,7 @@ def rounds(target, draft, prompt_ids, *, max_new_tokens, temperature, top_k=0, t
                 out.append(x)
                 continue
             r = np.maximum(p[i] - q[i], 0.0)  # rejected: resample from the residual
-            out.append(int(rng.choice(V, p=r / r.sum())))
+            out.append(int(rng.choice(V, p=r / r.sum() if r.sum() > 0 else p[i])))  # p == q
             break
         else:
             out.append(int(rng.choice(V, p=p[g])))  # every draft kept: the bonus token

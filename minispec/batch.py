@@ -77,31 +77,31 @@ def propose_batch(drafter: Drafter, drafters: list[Drafter], contexts, gammas, w
     return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
 
 
-def target_forward_batch(drafter: Drafter, drafters: list[Drafter], prefixes, drafts,
+def target_forward_batch(drafter: Drafter, drafters: list[Drafter], unseen_lists, drafts,
                          caches) -> list:
     """`target_forward` for each sequence of a batch -> one hidden [m_b + n_b, D] each: every
     chain in one batched target call (minispec/batch_forward.py), a tree on its own."""
     if hasattr(drafter, "target_forward_batch"):
-        return drafter.target_forward_batch(drafters, prefixes, drafts, caches)
+        return drafter.target_forward_batch(drafters, unseen_lists, drafts, caches)
     if type(drafter).target_forward not in (Drafter.target_forward, TreeDrafter.target_forward):
         return [d.target_forward(p, t, c) for d, p, t, c in
-                zip(drafters, prefixes, drafts, caches)]
-    return batched_target_forward(drafter.target, prefixes, drafts, caches)
+                zip(drafters, unseen_lists, drafts, caches)]
+    return batched_target_forward(drafter.target, unseen_lists, drafts, caches)
 
 
-def batched_target_forward(target: Model, prefixes, drafts, caches) -> list:
+def batched_target_forward(target: Model, unseen_lists, drafts, caches) -> list:
     """The default `target_forward_batch`: the chains of every sequence in one call of
     `target`, each tree in a call of its own."""
     chains = [b for b, t in enumerate(drafts) if t.parents is None]
     out = [None] * len(drafts)
-    fed = [prefixes[b] + drafts[b].tokens.tolist() for b in chains]
+    fed = [unseen_lists[b] + drafts[b].tokens.tolist() for b in chains]
     hs = batch_hidden(target, fed, [caches[b] for b in chains]) if chains else []
     for b, h in zip(chains, hs):
         caches[b].length -= len(drafts[b].tokens)
         out[b] = h
     for b, t in enumerate(drafts):
         if t.parents is not None:
-            out[b] = hidden_tree(target, prefixes[b], t.tokens, t.parents, caches[b])
+            out[b] = hidden_tree(target, unseen_lists[b], t.tokens, t.parents, caches[b])
     return out
 
 

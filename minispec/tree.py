@@ -22,7 +22,7 @@ final token is drawn from r. An accepted child becomes the current node (r = its
 a leaf the final token is the bonus, drawn from its row of p.
 
 Why the output is the target's distribution. One step is the rejection-sampling lemma of
-Leviathan et al. (Theorem 3.1): if x ~ s and is kept with probability min(1, r(x)/s(x)), then
+Leviathan et al. (Appendix A.1): if x ~ s and is kept with probability min(1, r(x)/s(x)), then
 P(kept, x) = min(r(x), s(x)), and P(rejected) r'(y) with r' = norm(max(0, r - s)) makes up the
 rest: P(emit y) = min(r(y), s(y)) + max(0, r(y) - s(y)) = r(y). Applied again to r' with the
 next sibling, it holds as long as that sibling is a fresh draw from a proposal fixed by what
@@ -217,56 +217,56 @@ class TreeDrafter(Drafter):
         deep (Draft with parents and siblings, see the module docstring)."""
         raise NotImplementedError(f"{type(self).__name__}.propose")
 
-    def target_forward(self, prefix: list[int], draft: Draft, cache):
-        """Drafter.target_forward, for a tree too: node i's row in len(prefix) + i, its keys and
+    def target_forward(self, unseen: list[int], draft: Draft, cache):
+        """Drafter.target_forward, for a tree too: node i's row in len(unseen) + i, its keys and
         values in slot cache.length + i until `keep_path` keeps the accepted ones."""
         if draft.parents is None:
-            return super().target_forward(prefix, draft, cache)
-        return hidden_tree(self.target, prefix, draft.tokens, draft.parents, cache)
+            return super().target_forward(unseen, draft, cache)
+        return hidden_tree(self.target, unseen, draft.tokens, draft.parents, cache)
 
 
 # ---- the one target call over a tree --------------------------------------------------------
 
 
-def hidden_tree(model, prefix: list[int], tokens, parents, cache, done: int = 0):
-    """Feed `prefix` (context tokens the cache lacks, laid out as a chain) and tree nodes
-    tokens[done:] in one call -> the last hidden states h [len(prefix) + n - done, D].
+def hidden_tree(model, unseen: list[int], tokens, parents, cache, done: int = 0):
+    """Feed `unseen` (context tokens the cache lacks, laid out as a chain) and tree nodes
+    tokens[done:] in one call -> the last hidden states h [len(unseen) + n - done, D].
 
-    The cache keeps the prefix (cache.length grows by len(prefix)); the nodes' keys and values
-    wait in the slots after it, node i in slot n_ctx + i (n_ctx: the context length), until
+    The cache keeps the unseen tokens (cache.length grows by len(unseen)); the nodes' keys and
+    values wait in the slots after it, node i in slot n_ctx + i (n_ctx: the context length), until
     `keep_path` keeps the accepted ones. Nodes 0..done-1 must already be in their slots (a
-    drafter growing a tree level by level); then prefix must be empty.
+    drafter growing a tree level by level); then unseen must be empty.
     """
     xp = model.xp
-    ids = np.concatenate([np.asarray(prefix, dtype=np.int64),
+    ids = np.concatenate([np.asarray(unseen, dtype=np.int64),
                           np.asarray(tokens, dtype=np.int64)[done:]])  # [T]
     if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
         raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
     graphs = getattr(model, "step_graphs", None)  # on the GPU (minispec/cuda_graphs.py)
     if graphs is not None and not done:  # a replayed graph, if it serves
-        h = graphs.hidden_tree(ids, parents, len(prefix), cache)
+        h = graphs.hidden_tree(ids, parents, len(unseen), cache)
         if h is not None:
             return h
-    positions = tree_positions(cache.length + len(prefix), parents, len(prefix), done)
+    positions = tree_positions(cache.length + len(unseen), parents, len(unseen), done)
     h = model.weights["embed"][xp.asarray(ids)]  # [T] -> [T, D]
     if model.weights["pos_embed"] is not None:
         h = h + model.weights["pos_embed"][xp.asarray(positions)]  # + [T, D]
-    return tree_layers(model, h, parents, cache, len(prefix), done)
+    return tree_layers(model, h, parents, cache, len(unseen), done)
 
 
 def tree_positions(n_ctx: int, parents, m: int, done: int) -> np.ndarray:
-    """The positions of the rows a tree call feeds: the prefix's n_ctx-m..n_ctx-1, then node i's
-    n_ctx + depth(i) for i >= done."""
+    """The positions of the rows a tree call feeds: the unseen tokens' n_ctx-m..n_ctx-1, then node
+    i's n_ctx + depth(i) for i >= done."""
     fed = np.concatenate([np.arange(n_ctx - m, n_ctx), n_ctx + depths(parents)[done:]])
     return fed.astype(np.int64)
 
 
 def tree_layers(model, h, parents, cache, m: int = 0, done: int = 0):
-    """Every layer of `model` over input rows h [m + n - done, D]: m prefix rows continuing the
+    """Every layer of `model` over input rows h [m + n - done, D]: m unseen rows continuing the
     cache, then tree nodes done..n-1 (see hidden_tree) -> [m + n - done, D]. For a drafter whose
     inputs are not token embeddings (EAGLE feeds features)."""
     xp, config = model.xp, model.config
-    n_ctx = cache.length + m  # the context length once the prefix is in
+    n_ctx = cache.length + m  # the context length once the unseen is in
     pos_fed, mask, first = tree_mask(model, parents, cache, m, done)
     rot = model.rope_rows(pos_fed)  # 2 x [T, E/2] or None
     mask = xp.asarray(mask)
@@ -284,8 +284,8 @@ def tree_mask(model, parents, cache, m: int = 0, done: int = 0):
     parents = np.asarray(parents, dtype=np.int64)
     n = len(parents)
     if done and m:
-        raise MinispecError("hidden_tree: a prefix can only come with the first nodes (done=0)")
-    n_ctx = cache.length + m  # the context length once the prefix is in
+        raise MinispecError("hidden_tree: a unseen can only come with the first nodes (done=0)")
+    n_ctx = cache.length + m  # the context length once the unseen is in
     positions = n_ctx + depths(parents)  # [n] the position each node would have in its sequence
     if n_ctx + n > cache.max_len:
         raise MinispecError(f"hidden_tree: {n_ctx} context positions + {n} tree nodes do not fit "
@@ -295,7 +295,7 @@ def tree_mask(model, parents, cache, m: int = 0, done: int = 0):
                             f"past the context length ({config.max_position_embeddings})")
     pos_fed = tree_positions(n_ctx, parents, m, done)  # [T]
 
-    # the mask [T, S]: the prefix is causal; node i sees the context and its ancestors
+    # the mask [T, S]: the unseen is causal; node i sees the context and its ancestors
     mask = np.zeros((len(pos_fed), n_ctx + n), dtype=bool)
     mask[:m, :n_ctx] = causal_mask(np, n_ctx - m, m, n_ctx, None)
     ancestor = np.eye(n, dtype=bool)  # [n, n] ancestor-or-self

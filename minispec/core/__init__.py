@@ -6,7 +6,9 @@
     drafter.py      the drafter contract, and the drafter of the paper: a smaller model
     speculative.py  one round (draft, one target call, verify) and the loop around it
 
-These files import nothing of minispec above them (only config, loader, tokenizer, backend and
-errors below): trees, batches, the other drafters, CUDA graphs, the judge and the benchmarks
+    checks.py       every argument and every drafter's output checked (the lesson reads without it)
+
+These files import nothing of minispec above them, only the layer below (config, rope_scaling,
+backend, errors): trees, batches, the other drafters, CUDA graphs, the judge and the benchmarks
 extend the core from outside (tests/test_core.py checks it).
 """

@@ -9,7 +9,7 @@ The loop (minispec/core/speculative.py) calls four methods on a drafter, in this
 
     start(prompt_ids, cache)                    once per generation (cache: the target's, empty)
     propose(context, gamma, warp, rng) -> Draft          each round: its tokens and their q
-    target_forward(prefix, draft, cache) -> hidden       each round: the one target call
+    target_forward(unseen, draft, cache) -> hidden       each round: the one target call
     accept(context, hidden)                     each round, after verification
 
 Autoregressive decoding is the same loop with `NoDrafter`, which never drafts. Everything else
@@ -61,7 +61,9 @@ class Drafter:
     """
 
     name = "drafter"  # a short label for statistics and traces
-    round = None  # the round the loop plays: None for the chain round; trees: minispec/tree.py
+    # the round the loop plays, called round(drafter, context, ...) (a staticmethod): None for
+    # the chain round, speculative_round; a drafter that proposes trees: minispec/tree.py's
+    round = None
 
     def __init__(self, target) -> None:
         self.target = target
@@ -86,17 +88,17 @@ class Drafter:
         """
         raise NotImplementedError(f"{type(self).__name__}.propose")
 
-    def target_forward(self, prefix: list[int], draft: Draft, cache):
-        """The round's one target call: `prefix` (the context tokens the cache lacks: the last
+    def target_forward(self, unseen: list[int], draft: Draft, cache):
+        """The round's one target call: `unseen` (the context tokens the cache lacks: the last
         one, the whole prompt in round 1) at positions cache.length.., then the g drafts.
 
-        Returns the target's last hidden states h [len(prefix) + g, D]. Afterwards cache.length
-        counts the context only (it grew by len(prefix)); the drafts' keys and values wait in
+        Returns the target's last hidden states h [len(unseen) + g, D]. Afterwards cache.length
+        counts the context only (it grew by len(unseen)); the drafts' keys and values wait in
         the positions after it until the loop keeps the accepted ones. A drafter that already
         computed part of this call while drafting may override it to skip that work, with the
         same result.
         """
-        h = self.target.hidden_states(prefix + draft.tokens.tolist(), cache)  # [m + g, D]
+        h = self.target.hidden_states(unseen + draft.tokens.tolist(), cache)  # [m + g, D]
         cache.length -= len(draft.tokens)
         return h
 

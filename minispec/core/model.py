@@ -338,7 +338,7 @@ class Model:
         """Layers first..end-1 on h [T, D] at positions pos..pos+T-1 -> [T, D].
 
         Writes those layers' keys/values into `cache` at pos..pos+T-1 and attends over positions
-        0..pos+T-1 of it; does not change cache.length (forward() does). cache None: no cache,
+        0..pos+T-1 of it; does not change cache.length (hidden_states() does). cache None: no cache,
         the T tokens attend only to each other (pos must then be 0).
         """
         end = self.n_layers if end is None else end

@@ -172,7 +172,7 @@ class Stats:
     target_calls: int = 0  # target forward calls = rounds (the first one also reads the prompt)
     draft_calls: int = 0  # drafter forward calls (0 for a drafter without a model)
     draft_seconds: float = 0.0  # in drafter.propose
-    verify_seconds: float = 0.0  # in the target call, warping p and verify()
+    verify_seconds: float = 0.0  # the rounds' target call, verify and accept (Round's)
     total_seconds: float = 0.0  # the whole generation
     rounds: list[Round] = field(default_factory=list)
 
@@ -230,7 +230,8 @@ def speculative_round(drafter: Drafter, context: list[int], cache, gamma: int, w
     """One round of Algorithm 1 (Leviathan et al. 2023): draft, one target call, verify.
 
     context: the tokens so far (prompt + output), extended in place by the emitted tokens.
-    cache: the target's KV cache, holding every context token but the last. warp: logits ->
+    cache: the target's KV cache, holding every context token but the last (none before round
+    1: the round then feeds the whole prompt). warp: logits ->
     the probabilities generation samples from (the same for the target's p and the drafter's q).
     verify: the speculative step (minispec.verify, or any function with its signature).
     """
@@ -269,8 +270,9 @@ def finish_round(drafter: Drafter, context: list[int], cache, draft: Draft, acce
     -> the Round (without timings)."""
     g = len(draft.tokens)
     m = hidden.shape[0] - g  # the context tokens the call fed before the drafts
-    # 4. the target's cache keeps the accepted drafts: setting one integer. The last emitted
-    #    token has no keys or values yet: the next round feeds it
+    # 4. the target's cache keeps the accepted drafts: setting one integer. target_forward left
+    #    cache.length at the context, the drafts' keys and values in the positions after it;
+    #    the last emitted token has no keys or values yet: the next round feeds it
     cache.length += accepted
     emitted = draft.tokens[:accepted].tolist() + [int(token)]
     return end_round(drafter, context, draft.tokens.tolist(), emitted, hidden[:m + accepted],

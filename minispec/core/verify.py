@@ -6,7 +6,8 @@ takes any function with this signature as its `verify` parameter.
 
 The words, as minispec and its docs use them:
   drafted     the g tokens a drafter proposed this round (x_1..x_g), each drawn from its row of q
-  accepted    the drafts the target kept: always a prefix of the drafted (0..g of them)
+  accepted    the drafts the target kept: always a prefix of the drafted (0..g of them; as a
+              count, Round.accepted, how many)
   correction  the token drawn from norm(max(0, p - q)) in place of the first rejected draft
   bonus       the token drawn from the target's own p after the last draft, when all g were kept
   emitted     what a round adds to the output: the accepted drafts, then the correction or bonus
@@ -17,6 +18,11 @@ The words, as minispec and its docs use them:
   gamma       the drafts a round asks for (the drafter may propose fewer, g <= gamma)
   warp        logits -> the distribution to sample: `warp(logits, temperature, top_k, top_p)`;
               a drafter receives it with the settings bound, as a function of logits alone
+              (speculative.make_warp, which also pads a narrower draft vocabulary with zeros)
+  V           the token ids generation samples from: the target's vocabulary without embedding
+              rows padded past its tokenizer (drafter.sampled_vocab_size)
+  context     the prompt and every token emitted so far; the target's cache holds all but the
+              last (`unseen`: the tokens of it the cache lacks, fed by the next target call)
 """
 
 from __future__ import annotations

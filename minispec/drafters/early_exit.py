@@ -86,18 +86,18 @@ class EarlyExitDrafter(Drafter):
                 feed[b] = [int(drafts[b][i])]
         return [Draft(t, q) for t, q in zip(drafts, qs)]
 
-    def target_forward(self, prefix, draft, cache):
-        """The target's forward over prefix + drafts, reusing layers 0..k-1 of the positions
+    def target_forward(self, unseen, draft, cache):
+        """The target's forward over unseen + drafts, reusing layers 0..k-1 of the positions
         drafting fed (see target_forward_batch: this is the batch of one)."""
-        return self.target_forward_batch([self], [prefix], [draft], [cache])[0]
+        return self.target_forward_batch([self], [unseen], [draft], [cache])[0]
 
-    def target_forward_batch(self, drafters, prefixes, drafts, caches) -> list:
+    def target_forward_batch(self, drafters, unseen_lists, drafts, caches) -> list:
         """The target's forward for each sequence, reusing layers 0..k-1 of the positions
         drafting fed: their keys and values are already in the cache and their layer-k hidden
         states were kept; anything else is computed here, every sequence in one call of layers
         0..k-1 and one of layers k..L-1, so the result is the target's whatever was drafted."""
         target, k = self.target, self.exit_layer
-        tokens = [[int(x) for x in p] + t.tokens.tolist() for p, t in zip(prefixes, drafts)]
+        tokens = [[int(x) for x in p] + t.tokens.tolist() for p, t in zip(unseen_lists, drafts)]
         starts = [c.length for c in caches]
         reused = [d.reusable(ts, c) for d, ts, c in zip(drafters, tokens, caches)]
         rest = [b for b, ((_, n), ts) in enumerate(zip(reused, tokens)) if n < len(ts)]
@@ -113,7 +113,7 @@ class EarlyExitDrafter(Drafter):
         h = target.xp.concatenate([p for ps in parts for p in ps])  # [N, D]
         sizes = [len(ts) for ts in tokens]
         h = self.run_layers(h, caches, starts, sizes, k, target.n_layers)  # [N, D]
-        for d, c, p in zip(drafters, caches, prefixes):
+        for d, c, p in zip(drafters, caches, unseen_lists):
             c.length += len(p)  # the context; the drafts' entries wait after it
             d._fed, d._h = [], []
         return split(h, sizes)

@@ -40,7 +40,7 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_TESTED = 0, 1, 2, 3
 DESCRIPTION = """\
 Is speculative sampling lossless? A statistical judge you can run.
 
-Speculative sampling (Leviathan et al. 2023, Algorithm 1 and Theorem 3.1; Chen et al. 2023)
+Speculative sampling (Leviathan et al. 2023, Algorithm 1 and Appendix A.1; Chen et al. 2023)
 promises that the emitted tokens are distributed exactly as if the target alone had sampled
 them. The judge samples many times and compares what comes out with the exact law (G-tests),
 and shows its tests have power by running them, with the same sample budget, on deliberately

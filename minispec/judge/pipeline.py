@@ -110,11 +110,11 @@ def broken_generator(bug: str):
             return Draft(np.array(tokens, dtype=np.int64),
                          np.array(q, dtype=np.float64).reshape(len(tokens), self.vocab_size))
 
-        def target_forward(self, prefix, draft, cache):
+        def target_forward(self, unseen, draft, cache):
             if bug != "cache one short" or cache.length == 0:
-                return super().target_forward(prefix, draft, cache)
+                return super().target_forward(unseen, draft, cache)
             cache.length -= 1  # the bug: the last position forgotten, the tokens fed one early
-            out = super().target_forward(prefix, draft, cache)
+            out = super().target_forward(unseen, draft, cache)
             cache.length += 1
             return out
 

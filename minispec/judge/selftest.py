@@ -177,8 +177,8 @@ def misaligned_drafter(target, model):
     """A broken batch (a control): the model drafter whose batched verify call hands sequence b
     the hidden states of sequence b+1 wherever their shapes agree, as an off-by-one split would."""
     class Misaligned(ModelDrafter):
-        def target_forward_batch(self, drafters, prefixes, drafts, caches):
-            hs = batched_target_forward(self.target, prefixes, drafts, caches)
+        def target_forward_batch(self, drafters, unseen_lists, drafts, caches):
+            hs = batched_target_forward(self.target, unseen_lists, drafts, caches)
             shifted = hs[1:] + hs[:1]
             return [s if s.shape == h.shape else h for s, h in zip(shifted, hs)]
 
@@ -371,8 +371,8 @@ class WrongTreeProposal(TreeDrafter):
         q = np.array([d.q[p] if p >= 0 else d.q[i] for i, p in enumerate(d.parents)])
         return Draft(d.tokens, q, d.parents, d.siblings)  # each node with its parent's q
 
-    def target_forward(self, prefix, draft, cache):
-        return self.inner.target_forward(prefix, draft, cache)
+    def target_forward(self, unseen, draft, cache):
+        return self.inner.target_forward(unseen, draft, cache)
 
     def accept(self, context, hidden):
         self.inner.accept(context, hidden)
