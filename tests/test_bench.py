@@ -61,6 +61,9 @@ def test_bench_json_is_consistent(pair, capsys):
     fl = r["floor"]
     assert fl["autoregressive_fraction_of_floor"] == pytest.approx(
         fl["floor_step_s"] / (ar["seconds"] / ar["new_tokens"]))
+    # the bytes a step's weight products read (as stored) per second of them
+    assert fl["products_bandwidth"] == pytest.approx(
+        fl["weight_bytes"] / r["costs"]["target_matmul_s"])
     # speculative decoding is lossless: greedy outputs agree token for token
     agree = r["greedy_agreement"]["minispec speculative vs minispec autoregressive"]
     assert agree["identical"] == agree["total"] == r["settings"]["num_prompts"]

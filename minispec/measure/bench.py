@@ -628,6 +628,8 @@ def _derive(report: dict, gamma) -> None:
         "autoregressive_fraction_of_floor": floor["floor_step_s"] / ar_step_s,
         "forward_fraction_of_floor": floor["floor_step_s"] / costs["target_step_s"],
         "floor_step_s_large": costs["floor_large"]["floor_step_s"],
+        # the weight products of one step alone: the bytes they read (as stored) per second
+        "products_bandwidth": floor["weight_bytes"] / costs["target_matmul_s"],
     }
     calls = costs["target_call_s"]["minispec"]
     t5, t9 = calls["5"] / calls["1"], calls["9"] / calls["1"]
@@ -722,6 +724,8 @@ def format_report(report: dict) -> str:
          f"{bw['read_large'] / 1e9:.1f} GB/s, {fl['floor_step_s_large'] * ms:.3f} ms/token; "
          f"copies, bytes read: {bw['copy_weight_sized'] / 1e9:.1f} and "
          f"{bw['copy_large'] / 1e9:.1f} GB/s)"),
+        (f"  the weight products of a step read {fl['products_bandwidth'] / 1e9:.1f} GB/s "
+         f"({fl['products_bandwidth'] / fl['bandwidth']:.0%} of the read test's)"),
         (f"  autoregressive decoding runs at {fl['autoregressive_fraction_of_floor']:.0%} of the "
          f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the loop; the bare "
          f"forward step at {fl['forward_fraction_of_floor']:.0%})"),
