@@ -661,7 +661,7 @@ def format_report(report: dict) -> str:
     def model_line(name):
         d = report["models"][name]
         return (f"{s[name]}  {d['family']} L={d['layers']} D={d['hidden']} V={d['vocab']}, "
-                f"{d['weight_bytes'] / 1e6:.1f} MB of {s['dtype']} weights per decode step")
+                f"{d['weight_bytes'] / 1e6:.1f} MB of weights (as stored) per decode step")
 
     lines = [
         f"minispec bench  {report['date']}",
