@@ -23,7 +23,7 @@ from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
 from .options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
-from .shipped import SHIPPED, resolve  # weights/ in a checkout, or the copy a wheel installed
+from .shipped import SHIPPED, models_hint, resolve  # weights/ in a checkout, or a wheel's copy
 from .tokenizer import SPACE, show_token
 
 GREEN, RED, CYAN, YELLOW, RESET = "\033[32m", "\033[31m", "\033[36m", "\033[33m", "\033[0m"
@@ -34,7 +34,7 @@ HELP = """commands (any case; a bad value changes nothing and says why):
   /top_k N          0 is off
   /top_p X          1 is off
   /length N         max new tokens (max_new_tokens, as --max-new-tokens)
-  /drafter NAME     model | ngram | early-exit | model-tree | medusa | eagle
+  /drafter NAME     model | ngram | early-exit | model-tree | medusa | eagle | auto
   /seed N           the sampling seed (/seed none: fresh randomness each time)
   /settings         show the current settings
   /speculative      toggle speculative / plain autoregressive decoding (or: on, off)
@@ -78,7 +78,7 @@ def load_flag(flag: str, path: str, device: str, dtype: str | None = None):
     try:
         return load(resolve(str(path)), device=device, dtype=dtype)
     except MinispecError as e:
-        raise MinispecError(f"{flag}: {e}") from None
+        raise MinispecError(f"{flag}: {e}{models_hint(str(e))}") from None
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -605,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             session.run(args.prompt, compare=args.compare, html=args.html)
     except MinispecError as e:
-        print(f"minispec: error: {e}", file=sys.stderr)
+        hint = "" if "holds model directories" in str(e) else models_hint(str(e))
+        print(f"minispec: error: {e}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,6 +8,7 @@ import sys
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+import minispec
 from minispec.cli import main, shipped_pair
 from minispec.config import ModelConfig
 from minispec.errors import MinispecError
@@ -465,3 +466,38 @@ def test_measure_help_names_the_shipped_models_not_a_machine_path(command, capsy
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps long help lines
     assert "shipped:target" in text
     assert str(SHIPPED) not in text
+
+
+def test_load_names_only_the_shipped_models_and_points_heads_to_make_drafter():
+    from minispec.shipped import NAMES, path_arg
+
+    with pytest.raises(MinispecError) as e:
+        minispec.load("shipped:nope")
+    assert str(e.value).endswith("NAME one of target, draft")  # what load takes, nothing else
+    for head, kind in (("medusa", "Medusa heads"), ("eagle", "an EAGLE head")):
+        with pytest.raises(MinispecError, match=rf"'shipped:{head}': a head directory \({kind}\), "
+                                                rf"not a model: make_drafter\('{head}', target\)"):
+            minispec.load(f"shipped:{head}")
+    with pytest.raises(MinispecError, match="the shipped prompt file, not a model"):
+        minispec.load("shipped:prompts.json")
+    assert path_arg("shipped:prompts.json").name == "prompts.json"  # the commands take them all
+    assert "workloads" not in NAMES and "medusa" in NAMES
+
+
+def test_a_folder_of_models_given_as_a_model_names_the_models_in_it(capsys):
+    from minispec.shipped import SHIPPED
+
+    for argv in (["--target", str(SHIPPED), "--prompt", "x"], ["bench", "--target", str(SHIPPED)],
+                 ["drafters", "--target", str(SHIPPED)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{SHIPPED}/config.json: file not found ({SHIPPED} holds model directories: " \
+            f"{SHIPPED / 'draft'}, {SHIPPED / 'target'}; give one of them)" in err, err
+
+
+def test_the_auto_drafter_from_the_command_line(capsys):
+    argv = ["--prompt", "def f(x):\n    return x\n\n\ndef g(x):\n", "--max-new-tokens", "16",
+            "--no-color", "--drafter", "auto", "--gamma", "16", "--compare"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "speculative (auto drafter" in out and "outputs identical" in out

@@ -39,8 +39,8 @@ def test_the_wheel_carries_every_shipped_model(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
     assert "minispec/_weights/prompts.json" in names and "minispec/shipped.py" in names
-    for model in ("target", "draft", "medusa", "eagle"):
-        if (ROOT / "weights" / model).is_dir():  # every model folder the checkout ships
+    for model in ("target", "draft", "medusa", "eagle", "workloads"):
+        if (ROOT / "weights" / model).is_dir():  # every folder the checkout ships
             for f in (ROOT / "weights" / model).iterdir():
                 assert f"minispec/_weights/{model}/{f.name}" in names
 

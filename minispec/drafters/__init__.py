@@ -1,7 +1,7 @@
 """Drafters: whatever proposes the gamma tokens the target then verifies.
 
 The contract every drafter follows is in minispec/core/drafter.py (trees extend it in
-minispec/tree.py, batches in minispec/batch.py). Six drafters ship, chosen by name with
+minispec/tree.py, batches in minispec/batch.py). Seven drafters ship, chosen by name with
 `make_drafter`:
     "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q)
     "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
@@ -15,6 +15,8 @@ minispec/tree.py, batches in minispec/batch.py). Six drafters ship, chosen by na
     "eagle"       EagleDrafter: one decoder layer guesses the target's next feature from its
                   features and tokens (Li et al. 2024, EAGLE); a chain, a static tree, or
                   EAGLE-2's dynamic tree
+    "auto"        AutoDrafter: prompt lookup in the rounds where the context's suffix recurs in
+                  it, the EAGLE head (eagle-copy's chain) in the others (drafters/auto.py)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ..core.drafter import (
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 from ..shipped import SHIPPED
+from .auto import LOOKUP_MIN_N, AutoDrafter
 from .draft_model import TunedModelDrafter
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
@@ -39,7 +42,7 @@ from .ngram import NgramDrafter, find_ngram
 from .tree_model import TreeModelDrafter
 from .vocab import load_draft_vocab, read_draft_vocab
 
-DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle")
+DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle", "auto")
 SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
 SHIPPED_EAGLE = SHIPPED / "eagle"
 # the shipped heads, one per target (the shipped toy target, SmolLM2-135M-Instruct): make_drafter
@@ -50,6 +53,8 @@ SHIPPED_HEADS = {"medusa": (SHIPPED_MEDUSA, SHIPPED / "smollm2" / "medusa"),
 EAGLE_STOP = 0.15  # the "eagle-stop" preset's threshold (an EAGLE chain of dynamic length)
 EAGLE_COPY = 2  # the "eagle-copy" preset: eagle-stop that copies once a draft agrees with a
 # prompt lookup of at least 2 tokens
+AUTO_GAMMA = 16  # the auto preset's gamma, tuned (weights/README.md): the most drafts a round may
+# hold; its lookup copies grow up to it, its head's chain ends itself (EAGLE_STOP)
 MODEL_STOP = 0.2  # the drafters table's "model stop" row: a draft model's chain of dynamic length
 # the drafters that need no draft model, by the names `bench --draft none`, `minispec real` and
 # `judge --drafter NAME` use: name -> (make_drafter's name, its options)
@@ -58,11 +63,16 @@ PRESETS = {"ngram": ("ngram", {}), "early-exit": ("early-exit", {}),
            "eagle": ("eagle", {}), "eagle-tree": ("eagle", {"tree": (2, 2, 1, 1)}),
            "eagle-2": ("eagle", {"tree": (4, 3, 2, 2), "dynamic": (3, 12)}),
            "eagle-stop": ("eagle", {"stop": EAGLE_STOP}),
-           "eagle-copy": ("eagle", {"stop": EAGLE_STOP, "copy": EAGLE_COPY})}
+           "eagle-copy": ("eagle", {"stop": EAGLE_STOP, "copy": EAGLE_COPY}),
+           "auto": ("auto", {})}
+# the presets tuned with a gamma of their own: the tables (bench --draft none, drafters) run them
+# at it, whatever --gamma says
+PRESET_GAMMA = {"auto": AUTO_GAMMA}
 
 __all__ = [
-    "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP", "EagleDrafter", "EarlyExitDrafter",
-    "MODEL_STOP", "MedusaDrafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "PRESETS",
+    "AUTO_GAMMA", "AutoDrafter", "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP",
+    "EagleDrafter", "EarlyExitDrafter", "MODEL_STOP", "MedusaDrafter", "ModelDrafter",
+    "NgramDrafter", "NoDrafter", "PRESETS", "PRESET_GAMMA",
     "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
     "find_ngram", "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa",
     "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
@@ -71,8 +81,8 @@ __all__ = [
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
                  tree=None, medusa_dir=None, dynamic=None, eagle_dir=None,
-                 stop: float | None = None, draft_vocab=None, copy: int | None = None
-                 ) -> Drafter:
+                 stop: float | None = None, draft_vocab=None, copy: int | None = None,
+                 lookup: int | None = None) -> Drafter:
     """The drafter called `name` (one of DRAFTERS) for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary) and takes stop (a chain
@@ -87,6 +97,10 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     and drafts a chain (ended early where the head's confidence falls below stop, given
     stop; copied from the context once a draft agrees with a prompt lookup of at least copy
     tokens, given copy), or a tree given tree, grown dynamically given dynamic=(beam, nodes).
+    "auto" drafts by prompt lookup in the rounds where the context's last `lookup` tokens
+    (default LOOKUP_MIN_N) recur in it, and with the EAGLE head in the others: the head of
+    eagle_dir (default: the shipped head for this target) as the eagle-copy preset drafts (stop
+    and copy, default EAGLE_STOP and EAGLE_COPY); by lookup alone where no shipped head fits.
     Options a drafter does not use are ignored.
     """
     if name == "model":
@@ -111,10 +125,25 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
         return load_eagle(eagle_dir, target, tree, dynamic, stop, copy)
     if name == "ngram":
         return NgramDrafter(target)
+    if name == "auto":
+        return AutoDrafter(target, _auto_head(target, eagle_dir, stop, copy),
+                           LOOKUP_MIN_N if lookup is None else lookup)
     if name == "early-exit":
         k = default_exit_layer(target) if exit_layer is None else exit_layer
         return EarlyExitDrafter(target, k)
     raise MinispecError(f"drafter: expected one of {' | '.join(DRAFTERS)}, got {name!r}")
+
+
+def _auto_head(target, eagle_dir, stop, copy):
+    """The auto drafter's head: an EAGLE chain as eagle-copy drafts, or None where no head fits
+    (none given, none shipped for this target)."""
+    if eagle_dir is None:
+        try:
+            eagle_dir = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
+        except MinispecError:
+            return None
+    return load_eagle(eagle_dir, target, stop=EAGLE_STOP if stop is None else stop,
+                      copy=EAGLE_COPY if copy is None else copy)
 
 
 def head_draft_vocab(target):

@@ -44,7 +44,15 @@ import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
 from ..core.sampling import Sampling
-from ..drafters import EAGLE_COPY, EAGLE_STOP, MODEL_STOP, PRESETS, head_draft_vocab
+from ..drafters import (
+    AUTO_GAMMA,
+    EAGLE_COPY,
+    EAGLE_STOP,
+    MODEL_STOP,
+    PRESET_GAMMA,
+    PRESETS,
+    head_draft_vocab,
+)
 from ..errors import MinispecError
 from ..options import add_device, add_gamma, add_threads, parse_gamma
 from ..shipped import display, path_arg
@@ -91,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "4,3,2,2, beam 3, 12 nodes; eagle-stop: a chain of dynamic length, --stop "
                     f"{EAGLE_STOP:g}; eagle-copy: eagle-stop that copies from the context "
                     f"once a draft agrees with a lookup of {EAGLE_COPY}+ tokens, --copy "
-                    f"{EAGLE_COPY}); medusa and eagle take the heads trained for "
-                    "the target")
+                    f"{EAGLE_COPY}; auto: prompt lookup in the rounds where the context "
+                    "repeats, eagle-copy's chain in the others, up to "
+                    f"{AUTO_GAMMA} drafts a round whatever --gamma); medusa, eagle and auto "
+                    "take the heads trained for the target")
     ap.add_argument("--assistant", type=path_arg, default=None, metavar="DIR",
                     help="with --draft none: also a draft model that both minispec (its chain, "
                     "'minispec model', and its chain ended by its confidence, 'minispec "
@@ -405,7 +415,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         for n in names:
             name, options = SELF_DRAFTERS[n]
             methods[f"minispec {n}"] = minispec_method(make_drafter(name, target, **options),
-                                                       gamma)
+                                                       PRESET_GAMMA.get(n, gamma))
         if assistant is not None:  # its chain, and its chain ended by its confidence
             methods["minispec model"] = minispec_method(ModelDrafter(target, assistant), gamma)
             methods["minispec model-stop"] = minispec_method(TunedModelDrafter(

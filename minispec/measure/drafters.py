@@ -31,9 +31,11 @@ from ..backend import blas_threads
 from ..core.sampling import Sampling
 from ..core.speculative import DEFAULT_GAMMA, Request, generate
 from ..drafters import (
+    AUTO_GAMMA,
     EAGLE_COPY,
     EAGLE_STOP,
     MODEL_STOP,
+    PRESET_GAMMA,
     NoDrafter,
     head_draft_vocab,
     make_drafter,
@@ -41,7 +43,7 @@ from ..drafters import (
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
 from ..options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
-from ..shipped import path_arg
+from ..shipped import models_hint, path_arg
 from ..tree import hidden_tree
 from . import harness
 
@@ -66,6 +68,7 @@ DRAFTER_ROWS = [
     ("eagle 2,2,1,1", lambda t, d: make_drafter("eagle", t, tree=(2, 2, 1, 1))),
     ("eagle-2 4,3,2,2 b3 n12", lambda t, d: make_drafter("eagle", t, tree=(4, 3, 2, 2),
                                                           dynamic=(3, 12))),
+    (f"auto (gamma {AUTO_GAMMA})", lambda t, d: make_drafter("auto", t)),
 ]
 NEEDS_DRAFT_MODEL = ("model", "model-tree")  # a row's drafter: the first word of its label
 TREES = ("model-tree", "medusa", "eagle", "eagle-2")  # rows that can draft trees
@@ -84,7 +87,9 @@ def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = DEF
     def method(drafter, g):
         return lambda ids: generate(target, drafter, ids, sampling, request, gamma=g)
 
-    methods = {name: method(d, 0 if name == "autoregressive" else gamma)
+    # a preset tuned with a gamma of its own (auto) runs at it
+    methods = {name: method(d, 0 if name == "autoregressive" else
+                            PRESET_GAMMA.get(name.split()[0], gamma))
                for name, d in drafters.items()}
     timed = harness.time_methods(methods, prompts, repeats)
     base = timed["autoregressive"]
@@ -209,8 +214,9 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`minispec drafters [options]`."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `minispec drafters` command line (`minispec real drafters` reuses it with its own
+    defaults and --workload)."""
     ap = argparse.ArgumentParser(
         prog="minispec drafters", description="Every drafter side by side on the held-out "
         "prompts: tokens per target call, cost per round, speedup; a tree's verify cost.",
@@ -235,42 +241,55 @@ def main(argv: list[str] | None = None) -> int:
                     help="on the GPU: calls of a few tokens replayed as CUDA graphs "
                     "(minispec/cuda_graphs.py)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = ap.parse_args(argv)
-    args.gamma = parse_gamma(args.gamma, auto=False)
+    return ap
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """--temperatures: comma-separated numbers."""
+    try:
+        return [float(t) for t in text.split(",")]
+    except ValueError:
+        raise MinispecError(f"--temperatures: expected numbers like 0,1, got {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The table described by parsed `args` (gamma parsed), as a JSON-ready dict."""
     from ..cuda_graphs import enable_where_supported
     from ..loader import load
 
+    temps = parse_temperatures(args.temperatures)
+    with blas_threads(args.threads):
+        no_draft = args.draft.lower() == "none"
+        rows, notes = select_rows(args.drafters, not no_draft)
+        target = load(args.target, device=args.device, dtype=args.dtype)
+        draft = None if no_draft else load(path_arg(args.draft), device=args.device,
+                                           dtype=args.dtype)
+        if args.cuda_graphs == "on":
+            enable_where_supported(target, draft)
+        texts = harness.load_prompts(args.prompts, args.num_prompts)
+        prompts = harness.encode_prompts(texts, target.tokenizer)
+        return {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                             "gamma": args.gamma, "repeats": args.repeats,
+                             "device": target.device, "dtype": str(target.dtype),
+                             "cuda_graphs": getattr(target, "step_graphs", None) is not None},
+                "by_temperature": {
+                    f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
+                                           gamma=args.gamma, repeats=args.repeats,
+                                           max_new_tokens=args.max_new_tokens, rows=rows)
+                    for t in temps},
+                "notes": notes,
+                "tree_costs": tree_costs(target) if any(
+                    label.split()[0] in TREES for label, _ in rows) else []}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`minispec drafters [options]`."""
+    args = build_parser().parse_args(argv)
+    args.gamma = parse_gamma(args.gamma, auto=False)
     try:
-        temps = [float(t) for t in args.temperatures.split(",")]
-    except ValueError:
-        print(f"minispec drafters: error: --temperatures: expected numbers like 0,1, got "
-              f"{args.temperatures!r}", file=sys.stderr)
-        return 2
-    try:
-        with blas_threads(args.threads):
-            no_draft = args.draft.lower() == "none"
-            rows, notes = select_rows(args.drafters, not no_draft)
-            target = load(args.target, device=args.device, dtype=args.dtype)
-            draft = None if no_draft else load(path_arg(args.draft), device=args.device,
-                                               dtype=args.dtype)
-            if args.cuda_graphs == "on":
-                enable_where_supported(target, draft)
-            texts = harness.load_prompts(args.prompts, args.num_prompts)
-            prompts = harness.encode_prompts(texts, target.tokenizer)
-            report = {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                                   "gamma": args.gamma, "repeats": args.repeats,
-                                   "device": target.device, "dtype": str(target.dtype),
-                                   "cuda_graphs": getattr(target, "step_graphs", None) is not None},
-                      "by_temperature": {
-                          f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
-                                                 gamma=args.gamma, repeats=args.repeats,
-                                                 max_new_tokens=args.max_new_tokens, rows=rows)
-                          for t in temps},
-                      "notes": notes,
-                      "tree_costs": tree_costs(target) if any(
-                          label.split()[0] in TREES for label, _ in rows) else []}
+        report = run(args)
     except MinispecError as e:
-        print(f"minispec drafters: error: {e}", file=sys.stderr)
+        print(f"minispec drafters: error: {e}{models_hint(str(e))}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=1) if args.json else format_report(report))
     return 0

@@ -1,0 +1,117 @@
+"""Auto: prompt lookup where the text repeats the context, the EAGLE head elsewhere, chosen round
+by round.
+
+The two drafters that need no draft model win on different text. Prompt lookup (ngram.py) is
+free and, where the answer copies its prompt (a list pulled out of a paragraph, a function
+echoed before it is completed), drafts long runs the target keeps; on open prose it finds
+nothing, or something wrong. The EAGLE head (eagle.py) costs a small layer per draft but guesses
+new text too. AutoDrafter asks, at the start of each round, whether the context's last `min_n`
+or more tokens occurred earlier in it: if so the round copies what followed (one-hot q); if not,
+the head drafts (eagle-copy's chain: ended by its confidence, copying once a draft agrees with a
+lookup).
+
+How much a lookup round copies adapts, as gamma="auto" does for the loop (Leviathan et al.
+leave gamma to the user; Hugging Face's "heuristic" schedule grows it after a fully accepted
+round): after a lookup round whose copy was kept whole the next copy may be twice as long, up to
+the loop's gamma; after a rejection it is one more than the tokens kept, at least `shortest`.
+A copy the target keeps whole is text the answer is reproducing, and long rounds then cost
+little more than short ones (a 9-token verify call costs ~1.6 one-token steps on SmolLM2).
+
+Exactness. The choice of drafter and the copy's length read only the context and the rounds
+already verified, never a draw of this round; so each round is a plain round of one of two
+exact drafters, and verification keeps the target's distribution, token for token at T = 0.
+The head still receives every round's true features (`accept`), so after lookup rounds it
+catches up in one call of its layer over the positions it missed.
+"""
+
+from __future__ import annotations
+
+import copy
+from numbers import Integral
+
+import numpy as np
+
+from ..core.drafter import Draft
+from ..errors import MinispecError
+from ..tree import TreeDrafter
+from .ngram import copy_from, find_ngram, one_hot
+
+LOOKUP_MIN_N = 2  # a lookup owns the round when the context's last 2+ tokens recur in it
+LOOKUP_MAX_N = 3  # the longest suffix looked up (the longest that recurs picks the copy)
+LOOKUP_FIRST = 8  # a generation's first lookup round copies up to 8 tokens
+LOOKUP_SHORTEST = 4  # after a rejection, a copy of at least 4
+
+
+def _count(value, what: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+        raise MinispecError(f"auto: {what} must be an integer >= {least}, got {value!r:.40}")
+    return int(value)
+
+
+class AutoDrafter(TreeDrafter):
+    """Prompt lookup when the context's suffix of at least min_n tokens (up to max_n) recurs
+    earlier in it, else `head` (a drafter made for the same target: the EAGLE head; None: no
+    drafts, a plain target step, where no head fits the target).
+
+    first: the most tokens a generation's first lookup round copies; shortest: the least a copy
+    shrinks to after a rejection (see the module docstring). `lookup_rounds` and `head_rounds`
+    count the rounds each drafted since `start`.
+    """
+
+    name = "auto"
+
+    def __init__(self, target, head, min_n: int = LOOKUP_MIN_N, max_n: int = LOOKUP_MAX_N,
+                 first: int = LOOKUP_FIRST, shortest: int = LOOKUP_SHORTEST) -> None:
+        super().__init__(target)
+        self.min_n, self.max_n = _count(min_n, "min_n"), _count(max_n, "max_n")
+        if self.max_n < self.min_n:
+            raise MinispecError(f"auto: max_n ({max_n}) must be >= min_n ({min_n})")
+        self.first, self.shortest = _count(first, "first"), _count(shortest, "shortest")
+        if head is not None and head.target is not target:
+            raise MinispecError("auto: the head must be made for the same target")
+        self.head = head
+        self.length, self.copied = self.first, None
+        self.lookup_rounds = self.head_rounds = 0
+
+    def __copy__(self) -> AutoDrafter:
+        """A copy with a copy of the head (a batch gives each sequence its own drafter)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.head = copy.copy(self.head) if self.head is not None else None
+        return new
+
+    def start(self, prompt_ids, cache) -> None:
+        if self.head is not None:
+            self.head.start(prompt_ids, cache)
+        self.calls = self.lookup_rounds = self.head_rounds = 0
+        self.length, self.copied = self.first, None
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        """A lookup's copy (q one-hot) where the context's suffix recurs, else the head's draft.
+        """
+        ctx = np.asarray(context, dtype=np.int64)
+        start = find_ngram(ctx, self.max_n, self.min_n) if gamma > 0 else -1
+        drafts = copy_from(ctx, start, min(gamma, self.length), self.vocab_size) \
+            if start >= 0 else []
+        self.copied = (len(context), drafts) if drafts else None
+        if drafts:
+            self.lookup_rounds += 1
+            return Draft(np.array(drafts, dtype=np.int64), one_hot(drafts, self.vocab_size))
+        if self.head is None:
+            return self.empty_draft()
+        draft = self.head.propose(context, gamma, warp, rng)
+        self.calls = self.head.calls
+        self.head_rounds += 1
+        return draft
+
+    def accept(self, context, hidden) -> None:
+        """After a lookup round, the next copy's length from how much of this one was kept;
+        every round's kept features go to the head, whichever drafter drafted it."""
+        if self.copied is not None:
+            n, drafts = self.copied
+            kept = next((i for i, x in enumerate(drafts)
+                         if n + i >= len(context) or context[n + i] != x), len(drafts))
+            self.length = 2 * len(drafts) if kept == len(drafts) else \
+                max(kept + 1, self.shortest)
+        if self.head is not None:
+            self.head.accept(context, hidden)
