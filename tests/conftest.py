@@ -38,6 +38,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+def lookup_by_search(text, min_n, max_n=3):
+    """Prompt lookup's copy source by plain search, the reference for the drafters' faster one:
+    just past the latest earlier occurrence of the longest suffix of `text` (n in min_n..max_n,
+    ending before the last token); None if there is none."""
+    for n in range(min(max_n, len(text) - 1), min_n - 1, -1):
+        for i in range(len(text) - n - 1, -1, -1):
+            if text[i:i + n] == text[-n:]:
+                return i + n
+    return None
+
+
 def _gpu_available() -> bool:
     try:
         return get_backend("gpu")[1] == "gpu"

@@ -49,6 +49,20 @@ GGUF_NAMES = {hf: g for g, hf in {**_LAYER_NAMES, **_NAMES}.items()}
 
 def _write_gguf(path: Path, hf: dict[str, np.ndarray], c, arch: str = "llama") -> Path:
     """A llama GGUF as llama.cpp's convert_hf_to_gguf.py writes one from HF tensors `hf`."""
+    w = _writer(path, arch, c)
+    w.add_rope_dimension_count(c.head_dim)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(TOKENS)
+    w.add_token_types([3, 3] + [1] * (len(TOKENS) - 2))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(0)
+    return _write_tensors(w, path, hf, c, GGUF_NAMES, permute_qk=True)
+
+
+def _writer(path: Path, arch: str, c):
+    """A GGUFWriter with the hyperparameters every test file states."""
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(c.n_layers)
     w.add_context_length(c.max_position_embeddings)
@@ -58,22 +72,21 @@ def _write_gguf(path: Path, hf: dict[str, np.ndarray], c, arch: str = "llama") -
     w.add_head_count_kv(c.n_kv_heads)
     w.add_rope_freq_base(c.rope_theta)
     w.add_layer_norm_rms_eps(c.norm_eps)
-    w.add_rope_dimension_count(c.head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(TOKENS)
-    w.add_token_types([3, 3] + [1] * (len(TOKENS) - 2))
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(0)
+    return w
+
+
+def _write_tensors(w, path: Path, hf: dict[str, np.ndarray], c, names: dict[str, str],
+                   permute_qk: bool) -> Path:
+    """The HF tensors under their GGUF names (q/k rows permuted as llama.cpp does for llama),
+    then the file."""
     for name, a in hf.items():
         i, rest = name[len("model.layers."):].split(".", 1) if "layers" in name else ("", name)
-        if rest == "self_attn.q_proj.weight":
+        if permute_qk and rest.startswith("self_attn.q_proj."):
             a = permute(a, c.n_heads)
-        elif rest == "self_attn.k_proj.weight":
+        elif permute_qk and rest.startswith("self_attn.k_proj."):
             a = permute(a, c.n_kv_heads)
-        name = f"blk.{i}.{GGUF_NAMES[rest]}" if i else GGUF_NAMES[name]
-        w.add_tensor(name, np.ascontiguousarray(a, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.{names[rest]}" if i else names[name],
+                     np.ascontiguousarray(a, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -181,19 +194,10 @@ def _write_gguf_of(path: Path, hf: dict[str, np.ndarray], c, vocab: str) -> Path
     """A GGUF as llama.cpp's convert_hf_to_gguf.py writes one: q/k rows permuted for llama only
     (qwen2 and qwen3 keep the rotate-half layout), qwen3's head dim as key_length; `vocab`
     "bpe" (byte-level, Qwen2's split) or "spm" (SentencePiece, scores and byte pieces)."""
-    arch = c.family
-    w = gguf.GGUFWriter(path, arch)
-    w.add_block_count(c.n_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.n_heads)
-    w.add_head_count_kv(c.n_kv_heads)
+    w = _writer(path, c.family, c)
     if c.head_dim != c.hidden_size // c.n_heads:
         w.add_key_length(c.head_dim)
         w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.norm_eps)
     if vocab == "spm":
         w.add_tokenizer_model("llama")
         w.add_token_list(SPM)
@@ -213,19 +217,7 @@ def _write_gguf_of(path: Path, hf: dict[str, np.ndarray], c, vocab: str) -> Path
         w.add_add_bos_token(False)
     names = {**GGUF_NAMES, "self_attn.q_norm.weight": "attn_q_norm.weight",
              "self_attn.k_norm.weight": "attn_k_norm.weight"}
-    for name, a in hf.items():
-        i, rest = name[len("model.layers."):].split(".", 1) if "layers" in name else ("", name)
-        if arch == "llama" and rest.startswith("self_attn.q_proj."):
-            a = permute(a, c.n_heads)
-        elif arch == "llama" and rest.startswith("self_attn.k_proj."):
-            a = permute(a, c.n_kv_heads)
-        w.add_tensor(f"blk.{i}.{names[rest]}" if i else names[name],
-                     np.ascontiguousarray(a, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return _write_tensors(w, path, hf, c, names, permute_qk=c.family == "llama")
 
 
 @pytest.mark.parametrize("family, vocab, extra", [

@@ -6,7 +6,7 @@ tokens reported with the head's q; bad values are named."""
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import lookup_by_search, tiny_config
 from drafters_for_tests import Wrapping
 from stats_helpers import sample_joint
 
@@ -32,22 +32,12 @@ def _narrow_head(drafter, tokens=ALPHABET):
     return drafter
 
 
-def _lookup(text, min_n, max_n=3):
-    """The copy source by plain search: just past the latest earlier occurrence of the longest
-    suffix of `text` (n in min_n..max_n, ending before the last token); None if there is none."""
-    for n in range(min(max_n, len(text) - 1), min_n - 1, -1):
-        for i in range(len(text) - n - 1, -1, -1):
-            if text[i:i + n] == text[-n:]:
-                return i + n
-    return None
-
-
 def _expected(context, plain, gamma, min_n):
     """The chain the rule drafts, given the chain the head alone drew with the same numbers."""
     tokens = []
     for x in plain:
         text = context + tokens
-        src = _lookup(text, min_n)
+        src = lookup_by_search(text, min_n)
         tokens.append(x)
         if src is not None and text[src] == x:  # agreement: copy the rest (it may run on)
             full = text + [x]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import lookup_by_search, tiny_config
 from drafters_for_tests import Wrapping
 from stats_helpers import sample_joint
 
@@ -124,16 +124,6 @@ def test_the_table_of_every_workload_and_its_plot(tmp_path):
 # ---- the auto drafter --------------------------------------------------------------------------
 
 
-def _lookup(text, min_n, max_n=3):
-    """The copy source by plain search: just past the latest earlier occurrence of the longest
-    suffix of `text` (n in min_n..max_n, ending before the last token); None if there is none."""
-    for n in range(min(max_n, len(text) - 1), min_n - 1, -1):
-        for i in range(len(text) - n - 1, -1, -1):
-            if text[i:i + n] == text[-n:]:
-                return i + n
-    return None
-
-
 def _started(drafter, context):
     cache = TARGET.new_cache(64)
     drafter.start(context, cache)
@@ -151,7 +141,7 @@ def test_each_round_is_a_lookup_where_the_suffix_recurs_else_the_heads_draft(min
         auto = _started(AutoDrafter(TARGET, random_eagle(TARGET, seed=2), min_n, first=3),
                         context)
         d = auto.propose(context, 4, warp, np.random.default_rng(trial))
-        src = _lookup(context, min_n)
+        src = lookup_by_search(context, min_n)
         if src is None:  # the head's draft, drawn with the same numbers
             head = _started(random_eagle(TARGET, seed=2), context)
             plain = head.propose(context, 4, warp, np.random.default_rng(trial))
