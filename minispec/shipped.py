@@ -9,6 +9,7 @@ editable install) reads its own weights/ folder instead.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -98,3 +99,12 @@ def display(path) -> str:
     except ValueError:
         return str(path)
     return f"{PREFIX}{rel.as_posix()}"
+
+
+CACHE_NAME = "smollm2-135m-instruct"  # where `minispec real` keeps SmolLM2 converted
+
+
+def default_cache() -> Path:
+    """$MINISPEC_CACHE, else ~/.cache/minispec/smollm2-135m-instruct."""
+    env = os.environ.get("MINISPEC_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "minispec" / CACHE_NAME

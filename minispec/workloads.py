@@ -28,8 +28,9 @@ import json
 import sys
 from pathlib import Path
 
+from .core.speculative import DEFAULT_GAMMA
 from .errors import MinispecError
-from .shipped import SHIPPED
+from .shipped import SHIPPED, default_cache
 
 WORKLOADS = ("grounded", "code", "chat", "edit")
 SPLITS = ("prompts", "tune")  # the benchmark's prompts, and those held out for tuning
@@ -228,7 +229,7 @@ def make_candidate(spec: str, target):
             kw[key] = float(value) if key == "stop" else int(value)
         except ValueError:
             raise MinispecError(f"--candidates: {spec!r}: {item!r} is no key=number") from None
-    gamma = kw.pop("gamma", 4)
+    gamma = kw.pop("gamma", DEFAULT_GAMMA)
     extra = {k: kw.pop(k) for k in ("first", "shortest", "max_n") if k in kw}
     try:
         drafter = make_drafter(name, target, **kw)
@@ -289,11 +290,10 @@ def tune(target, workloads, split: str, candidates, temperature: float = 0.0,
     return out
 
 
-def _converted_smollm2(cache: str | None) -> Path:
-    """Where `minispec real` keeps SmolLM2 converted (minispec/real.py's default_cache; not
-    imported from there, which imports this module): MinispecError if it has not run yet."""
-    path = Path(cache).expanduser() if cache else (Path.home() / ".cache" / "minispec"
-                                                   / "smollm2-135m-instruct")
+def _converted_smollm2() -> Path:
+    """Where `minispec real` keeps SmolLM2 converted (shipped.default_cache): MinispecError if
+    it has not run yet (real.py, which converts, imports this module, not the other way)."""
+    path = default_cache()
     if not (path / "config.json").is_file():
         raise MinispecError(f"{path}: no converted SmolLM2 there; run `python -m minispec real "
                             "demo` once (it converts it), or pass --model DIR")
@@ -302,8 +302,6 @@ def _converted_smollm2(cache: str | None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m minispec.workloads tune`: the knobs of CANDIDATES on held-out prompts."""
-    import os
-
     from .backend import blas_threads
     from .loader import load
 
@@ -324,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         names = workload_names(args.workloads)
-        target = load(args.model or _converted_smollm2(os.environ.get("MINISPEC_CACHE")))
+        target = load(args.model or _converted_smollm2())
         for spec in args.candidates.split(";"):  # every candidate checked before any run
             make_candidate(spec, target)
         with blas_threads(args.threads):
