@@ -53,8 +53,8 @@ for dtype in ("float32", "float16"):
         out = run(f"gpu {dtype} graphs spec {name}", spec(gpu, gdraft, name))
         same = sum(a == b for a, b in zip(out, g_ar))
         print(f"  speculative {name} == autoregressive on the same path: {same}/{len(out)}")
-    print(f"  graph captures: target {gpu.step_graphs.captures}, draft "
-          f"{gdraft.step_graphs.captures}")
+    print(f"  graph captures: target {gpu.fast_steps.captures}, draft "
+          f"{gdraft.fast_steps.captures}")
 for name, out in rows.items():
     same = sum(a == b for a, b in zip(out, ref))
     lead = [harness_lead for harness_lead in

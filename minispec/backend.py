@@ -105,7 +105,7 @@ KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then p
 
 _KERNEL_WEIGHTS = (np.dtype(np.float32), BF16)
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
-_kernels: tuple | None = None  # (1 row, tails, 2+ rows), compiled on first use; () if no numba
+_kernels: tuple | None = None  # (the rows kernel,), compiled on first use; () if no numba
 _prefetch = _eight = _tail = _widen = None  # numba functions the kernels call, made with them
 
 
@@ -146,10 +146,8 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    t = x.shape[0]
-    kernel = _kernels[0 if t == 1 else 2]  # _kernels[1], the 8-rows loop, does the tails
-    y = np.empty((t, w.shape[1]), dtype=np.float32)  # [T, D_out]
-    kernel(np.ascontiguousarray(x), w.T, y)
+    y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
+    _kernels[0](np.ascontiguousarray(x), w.T, y)
     return y
 
 
@@ -184,47 +182,59 @@ def _compiled() -> bool:
             _widen = _widen_intrinsic(numba)
             _prefetch, _eight = _prefetch_intrinsic(numba), jit(_eight_rows_kernel)
             _tail = jit(_tail_kernel)
-            _kernels = (jit(_one_row_kernel), _eight, jit(_rows_kernel))
+            _kernels = (jit(_rows_kernel),)
     return bool(_kernels)
 
 
 # The kernels are plain Python, compiled by numba (fastmath lets LLVM keep several partial sums
-# per dot product in vector registers). Kept apart from matmul so a reader can skip them. Each
-# has 8 accumulators in its inner loop, so LLVM vectorizes each dot product the same way (on an
-# AMD EPYC with AVX-512: 2 registers of 16 lanes each) and a row's result is the same bits in
-# all three: 1 row, 2..32 rows or the tails (tests/test_backend.py checks it on the models'
-# shapes). A loop with other accumulators can be unrolled differently and round differently.
+# per dot product in vector registers). Kept apart from matmul so a reader can skip them. Both
+# have 8 accumulators in their inner loop, so LLVM vectorizes each dot product the same way (on
+# an AMD EPYC with AVX-512: 2 registers of 16 lanes each) and a row's result is the same bits
+# whether it comes from the main loop or the tails, alone or beside other rows
+# (tests/test_backend.py checks it on the models' shapes). A loop with other accumulators can be
+# unrolled differently and round differently: a one-row loop over a single weight row (one
+# accumulator) read float32 weights 1.8x faster, but its sums round differently, and a verify
+# call's logits would then differ from the one-token steps' in the last bits.
 
 
-def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out], 8 outputs (8 weight streams) at a time.
-    # The first 2 cache lines of each of the next 8 weight rows are prefetched: the hardware
-    # prefetcher needs a few misses to pick up a stream, and 8 short streams start per block
-    # (about 10% faster on the shipped target, measured; more lines or blocks ahead were not).
-    f, d = wt.shape
-    x0 = x[0]
-    lines = min(2, (d + 15) // 16)
-    for o in range(0, f - f % 8, 8):
-        if o + 16 <= f:
-            for j in range(8):
-                for c in range(lines):
-                    _prefetch(wt, o + 8 + j, c * 16)
+def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [T, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers (one
+    # row is paired with itself). The 4 weight rows are read from memory once, then from the L1
+    # cache for the other row pairs; meanwhile the next 4 rows are prefetched into L2, a share
+    # per pass, so the memory keeps streaming while the core multiplies: the hardware prefetcher
+    # does not follow 4 short interleaved streams (without these prefetches a step's products
+    # took 2.3x as long; a loop of its own for one row, 8 outputs at a time, 1.6x, both measured
+    # with bfloat16 weights on the shipped target's shapes).
+    t, d = x.shape
+    f = wt.shape[0]
+    last = t - 1
+    lines = (d + 15) // 16  # 16 weights apart: each float32 line, each half bfloat16 line
+    passes = (t + 1) // 2
+    for o in range(0, f - f % 4, 4):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
-        for i in range(d):
-            v = x0[i]
-            a0 += _widen(w0[i]) * v
-            a1 += _widen(w1[i]) * v
-            a2 += _widen(w2[i]) * v
-            a3 += _widen(w3[i]) * v
-            a4 += _widen(w4[i]) * v
-            a5 += _widen(w5[i]) * v
-            a6 += _widen(w6[i]) * v
-            a7 += _widen(w7[i]) * v
-        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
-        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
-    _tail(x, wt, y, f - f % 8)
+        for r in range(0, t, 2):
+            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
+            share = r // 2
+            for c in range(lines * share // passes, lines * (share + 1) // passes):
+                for j in range(4):
+                    _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
+            for i in range(d):
+                v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
+                u = x0[i]
+                a00 += v0 * u
+                a01 += v1 * u
+                a02 += v2 * u
+                a03 += v3 * u
+                u = x1[i]
+                a10 += v0 * u
+                a11 += v1 * u
+                a12 += v2 * u
+                a13 += v3 * u
+            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
+            if r + 1 < t:
+                y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
+    _tail(x, wt, y, f - f % 4)
 
 
 def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
@@ -253,44 +263,6 @@ def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
         acc = (a0, a1, a2, a3, a4, a5, a6, a7)
         for r in range(t):
             y[r, o] = acc[r]
-
-
-def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers. The
-    # 4 weight rows are read from memory once, then from the L1 cache for the other row pairs;
-    # meanwhile the next 4 rows are prefetched into L2, a share per pass, so the memory keeps
-    # streaming while the core multiplies (the hardware prefetcher sees no misses during those
-    # passes).
-    t, d = x.shape
-    f = wt.shape[0]
-    last = t - 1
-    lines = (d + 15) // 16  # 64-byte cache lines per weight row
-    passes = (t + 1) // 2
-    for o in range(0, f - f % 4, 4):
-        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        for r in range(0, t, 2):
-            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
-            share = r // 2
-            for c in range(lines * share // passes, lines * (share + 1) // passes):
-                for j in range(4):
-                    _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
-            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
-            for i in range(d):
-                v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
-                u = x0[i]
-                a00 += v0 * u
-                a01 += v1 * u
-                a02 += v2 * u
-                a03 += v3 * u
-                u = x1[i]
-                a10 += v0 * u
-                a11 += v1 * u
-                a12 += v2 * u
-                a13 += v3 * u
-            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
-            if r + 1 < t:
-                y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
-    _tail(x, wt, y, f - f % 4)
 
 
 def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled

@@ -207,10 +207,10 @@ class Session:
             draft_dir = "shipped:draft"
         self.draft_model = (load_flag("--draft", draft_dir, args.device, args.dtype)
                             if draft_dir else None)
-        if self.target.device == "gpu":  # calls of a few tokens as CUDA graphs (cuda_graphs.py)
-            from .cuda_graphs import enable_where_supported
+        # calls of a few tokens take the speed path: CUDA graphs on a GPU, numba loops on a CPU
+        from .cpu_steps import enable_where_supported
 
-            enable_where_supported(self.target, self.draft_model)
+        enable_where_supported(self.target, self.draft_model)
         self.draft_vocab = None
         if args.draft_vocab is not None:
             try:

@@ -24,7 +24,7 @@ their positions, and attention reads the cache up to each query's position, read
 `static_hidden` (and `static_head`) is that step on any xp with any kernels: tests run it on
 NumPy with the plain functions of model.py (`PlainKernels`) against Model.hidden_states.
 `StepGraphs` captures it on CuPy with `FusedKernels` and is what `enable(model)` hangs on the
-model (a GraphedModel from then on): Model.hidden_states then replays a graph for every call of
+model (a FastModel from then on): Model.hidden_states then replays a graph for every call of
 1..max_tokens tokens (decode steps, chain
 verify calls), minispec.tree.hidden_tree one for a tree's verify call of 1..max_tokens rows (its
 shape given as data: the rows' positions and which rows each one sees), Model.lm_head one for
@@ -793,47 +793,48 @@ class StepGraphs:
         return graph, out
 
 
-class GraphedModel(Model):
-    """A Model whose calls of a few tokens replay CUDA graphs (`step_graphs`, a StepGraphs);
-    everything a graph does not serve takes the plain path. enable() makes a Model one, in
-    place: the model's own forward pass (minispec/core/model.py) knows nothing of graphs."""
+class FastModel(Model):
+    """A Model whose calls of a few tokens take a speed path (`fast_steps`: a StepGraphs, CUDA
+    graphs on the GPU, or a cpu_steps.CpuSteps, numba loops on the CPU); everything the path does
+    not serve takes the plain one. use() makes a Model one, in place: the model's own forward pass
+    (minispec/core/model.py) knows nothing of either."""
 
-    step_graphs = None
+    fast_steps = None
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """Model.new_cache, reusing a finished cache's arrays and their graphs."""
-        if self.step_graphs is None:
+        if self.fast_steps is None:
             return super().new_cache(max_len)
-        return self.step_graphs.new_cache(max_len)
+        return self.fast_steps.new_cache(max_len)
 
     def lm_head(self, h, rows=None):
         """Model.lm_head, a replayed graph for a few rows."""
-        if rows is None and self.step_graphs is not None:
-            logits = self.step_graphs.lm_head(h)
+        if rows is None and self.fast_steps is not None:
+            logits = self.fast_steps.lm_head(h)
             if logits is not None:
                 return logits
         return super().lm_head(h, rows)
 
     def hidden_states(self, tokens, cache: KVCache):
         """Model.hidden_states, a replayed graph for a few tokens."""
-        if self.step_graphs is not None:
-            h = self.step_graphs.hidden_states(tokens, cache)
+        if self.fast_steps is not None:
+            h = self.fast_steps.hidden_states(tokens, cache)
             if h is not None:
                 return h
         return super().hidden_states(tokens, cache)
 
 
-def use(model, graphs: StepGraphs | None) -> None:
-    """Serve `model`'s calls from `graphs` (a GraphedModel from now on), or None: the plain
-    path (a Model again)."""
-    model.__class__ = Model if graphs is None else GraphedModel
-    model.step_graphs = graphs
+def use(model, steps) -> None:
+    """Serve `model`'s calls of a few tokens from `steps` (a StepGraphs or a CpuSteps; a FastModel
+    from now on), or None: the plain path (a Model again)."""
+    model.__class__ = Model if steps is None else FastModel
+    model.fast_steps = steps
 
 
 def enable(model, **kw) -> StepGraphs:
     """Make the model's calls of a few tokens replay CUDA graphs (see StepGraphs)."""
     use(model, StepGraphs(model, **kw))
-    return model.step_graphs
+    return model.fast_steps
 
 
 def enable_where_supported(*models) -> None:

@@ -25,10 +25,9 @@ GAMMA = 3  # drafts per round of minispec's speculative generators
 def _speculative(target_dir, draft_dir, drafter: str, device: str = "cpu") -> Generate:
     target = load(target_dir, device=device)
     draft = load(draft_dir, device=device) if drafter == "model" else None
-    if device == "gpu":  # the GPU's speed path: calls of a few tokens replayed as CUDA graphs
-        from .cuda_graphs import enable_where_supported
+    from .cpu_steps import enable_where_supported  # CUDA graphs on a GPU, numba loops on a CPU
 
-        enable_where_supported(target, draft)
+    enable_where_supported(target, draft)
 
     def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
         d = make_drafter(drafter, target, draft_model=draft)

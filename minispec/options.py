@@ -45,9 +45,17 @@ def add_device(ap: argparse.ArgumentParser) -> None:
 
 
 def add_dtype(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--dtype", choices=DTYPES, default="float32",
-                    help="compute dtype (float16 is for the GPU, where a verify call's weight "
-                    "products then run on the tensor cores)")
+    ap.add_argument("--dtype", choices=DTYPES, default=None,
+                    help="compute dtype (default float32, a bfloat16 checkpoint's matrices kept "
+                    "as stored on the CPU; float32: widened at load; float16 is for the GPU, "
+                    "where a verify call's weight products then run on the tensor cores)")
+
+
+def add_fast_steps(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--fast-steps", choices=["on", "off"], default="on",
+                    help="calls of a few tokens take the speed path: CUDA graphs on the GPU "
+                    "(minispec/cuda_graphs.py), numba loops on the CPU (minispec/cpu_steps.py); "
+                    "off: model.py's plain path")
 
 
 def add_threads(ap: argparse.ArgumentParser) -> None:

@@ -52,7 +52,12 @@ def test_bench_json_is_consistent(pair, capsys):
     assert costs["target_matmul_s"] > 0 and costs["draft_matmul_s"] > 0
     st = sp["stats"]
     assert th["alpha"] == pytest.approx(st["accepted"] / (st["accepted"] + st["rejections"]))
-    assert th["speedup"] == pytest.approx(sp["tokens_per_second"] / ar["tokens_per_second"])
+    # Theorem 3.8's speedup is the decode phase's (after each prompt's first round, its prefill)
+    assert ar["decode_tokens_per_second"] > 0 and sp["decode_tokens_per_second"] > 0
+    assert th["speedup"] == pytest.approx(
+        sp["decode_tokens_per_second"] / ar["decode_tokens_per_second"])
+    assert th["speedup_end_to_end"] == pytest.approx(
+        sp["tokens_per_second"] / ar["tokens_per_second"])
     assert th["predicted_speedup"] == pytest.approx(
         harness.predicted_speedup(th["alpha"], 4, costs["c"]))
     assert th["speedup_over_predicted"] == pytest.approx(th["speedup"] / th["predicted_speedup"])
@@ -60,7 +65,8 @@ def test_bench_json_is_consistent(pair, capsys):
     assert th["tokens_per_target_call"] == pytest.approx(st["new_tokens"] / st["target_calls"])
     fl = r["floor"]
     assert fl["autoregressive_fraction_of_floor"] == pytest.approx(
-        fl["floor_step_s"] / (ar["seconds"] / ar["new_tokens"]))
+        fl["floor_step_s"] * ar["decode_tokens_per_second"])
+    assert fl["autoregressive_step_s_end_to_end"] == pytest.approx(ar["seconds"] / ar["new_tokens"])
     # the bytes a step's weight products read (as stored) per second of them
     assert fl["products_bandwidth"] == pytest.approx(
         fl["weight_bytes"] / r["costs"]["target_matmul_s"])
@@ -153,3 +159,16 @@ def test_bench_without_a_draft_model_with_an_assistant(pair, capsys):
     assert 1.0 <= gen["minispec model"]["tokens_per_target_call"] <= 5.0
     with pytest.raises(bench.MinispecError, match="--assistant: only with --draft none"):
         bench.main(["--target", str(pair / "target"), "--assistant", str(pair / "draft")])
+
+
+def test_the_decode_rate_leaves_out_each_first_round():
+    """harness.decode_rate: tokens and seconds after each generation's first round."""
+    from minispec.core.speculative import GenerationResult, Round, Stats
+
+    def result(n_tokens, first_emitted, first_seconds, total):
+        st = Stats(drafter="none", gamma=0, total_seconds=total)
+        st.rounds = [Round([], 0, 1, "bonus", [1] * first_emitted, verify_seconds=first_seconds)]
+        return GenerationResult([1] * n_tokens, "length", st)
+
+    rs = [result(10, 1, 0.5, 1.4), result(20, 3, 0.25, 2.25)]  # 9 + 17 tokens in 0.9 + 2.0 s
+    assert harness.decode_rate(rs) == pytest.approx(26 / 2.9)

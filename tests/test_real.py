@@ -143,8 +143,8 @@ def test_bench_runs_on_smollm2_greedy_identical(smollm2_dir, capsys):
     assert main(["--model", str(smollm2_dir), "bench", "--quick", "--hf", "auto"]) == 0
     out, err = capsys.readouterr()
     assert err == "", err
-    rows = {" ".join(line.split()[:-4]): line.split()[-4:] for line in out.splitlines()
-            if line.startswith(("  minispec ", "  hf ")) and line.endswith("x")}
+    rows = {" ".join(line.split()[:-6]): line.split()[-6:] for line in out.splitlines()
+            if line.startswith(("  minispec ", "  hf ")) and line.endswith(("x", "-"))}
     methods = ["minispec autoregressive", "minispec ngram", "minispec early-exit"]
     if has_heads(smollm2_dir):  # the heads trained for SmolLM2 (weights/smollm2) run too
         methods += [f"minispec {n}" for n in HEADS["bench"].split(",")]

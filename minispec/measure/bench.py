@@ -44,6 +44,7 @@ import numpy as np
 
 from ..backend import blas_threads, kernel_available, use_kernel
 from ..core.sampling import Sampling
+from ..cpu_steps import enable_where_supported
 from ..drafters import (
     AUTO_GAMMA,
     EAGLE_COPY,
@@ -54,7 +55,7 @@ from ..drafters import (
     head_draft_vocab,
 )
 from ..errors import MinispecError
-from ..options import add_device, add_gamma, add_threads, parse_gamma
+from ..options import add_device, add_fast_steps, add_gamma, add_threads, parse_gamma
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     add_device(ap)
     add_threads(ap)
+    add_fast_steps(ap)
     ap.add_argument("--hf", choices=["auto", "on", "off"], default="auto",
                     help="also run transformers' generate and assisted generation "
                     "(auto: when torch and transformers are installed)")
@@ -285,6 +287,8 @@ def run(args: argparse.Namespace) -> dict:
 
     target = load(args.target, device=args.device)
     draft = load(args.draft, device=args.device)
+    if args.fast_steps == "on":
+        enable_where_supported(target, draft)
     if target.tokenizer is not None and args.prompts.exists():
         texts = load_prompts(args.prompts, args.num_prompts or None)
         prompts, prompt_source = encode_prompts(texts, target.tokenizer), display(args.prompts)
@@ -378,6 +382,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         raise MinispecError("--hf on: needs torch and transformers installed")
     target = load(args.target, device=args.device)
     assistant = None if args.assistant is None else load(args.assistant, device=args.device)
+    if args.fast_steps == "on":
+        enable_where_supported(target, assistant)
     if target.tokenizer is None:  # as run() does
         prompts = synthetic_prompts(target.vocab_size, args.num_prompts or 20)
         prompt_source = "synthetic (random ids: the target has no tokenizer)"
@@ -446,7 +452,12 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                "speedup": m["tokens_per_second"] / base["tokens_per_second"],
                "tokens_per_target_call": (m["stats"]["new_tokens"] / m["stats"]["target_calls"]
                                           if "stats" in m else None),
-               "alpha": m["stats"]["alpha"] if "stats" in m else None}
+               "alpha": m["stats"]["alpha"] if "stats" in m else None,
+               # after each prompt's first round (its prefill): None for transformers' methods
+               "decode_tokens_per_second": m.get("decode_tokens_per_second"),
+               "decode_speedup": (m["decode_tokens_per_second"]
+                                  / base["decode_tokens_per_second"]
+                                  if "decode_tokens_per_second" in m else None)}
         for name, m in timed.items()}
     agreement = {}
     if args.temperature == 0:
@@ -486,13 +497,16 @@ def format_without_draft(report: dict) -> str:
         lines.append(f"  transformers (torch): decode step {c['hf_target_step_s'] * ms:.2f} ms, "
                      f"verify call {c['hf_verify_s'] * ms:.2f} ms "
                      f"({c['hf_verify_s'] / c['hf_target_step_s']:.2f}x)")
-    lines += ["", "generation (new tokens only)",
-              f"  {'method':<26} {'tok/s':>8} {'tokens':>7} {'tok/call':>8} {'speedup':>8}"]
+    lines += ["", "generation (new tokens only; decode: after each prompt's first round, which "
+              "holds its prefill)",
+              f"  {'method':<26} {'tok/s':>8} {'tokens':>7} {'tok/call':>8} {'speedup':>8} "
+              f"{'decode':>8} {'speedup':>8}"]
     for name, row in report["generation"].items():
-        per_call = row["tokens_per_target_call"]
+        per_call, rate = row["tokens_per_target_call"], row.get("decode_tokens_per_second")
+        decode = ("-", "-") if rate is None else (f"{rate:.1f}", f"{row['decode_speedup']:.2f}x")
         lines.append(f"  {name:<26} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
                      f"{'-' if per_call is None else f'{per_call:.2f}':>8} "
-                     f"{row['speedup']:7.2f}x")
+                     f"{row['speedup']:7.2f}x {decode[0]:>8} {decode[1]:>8}")
     lines += _agreement_lines(report["greedy_agreement"], "greedy outputs (T = 0)")
     return "\n".join(lines)
 
@@ -512,7 +526,11 @@ def _products(model) -> str:
     if kernel_in_use(model):
         import numba
 
-        return f"minispec's few-rows kernel for 1..32 rows (numba {numba.__version__}), else BLAS"
+        steps = ("; calls of 1..32 tokens: minispec/cpu_steps.py's numba loops"
+                 if getattr(model, "fast_steps", None) is not None
+                 else "; every call: model.py's plain path (--fast-steps off)")
+        return (f"minispec's few-rows kernel for 1..32 rows (numba {numba.__version__}), else "
+                f"BLAS{steps}")
     return "NumPy's x @ w" + ("" if kernel_available() or model.device != "cpu"
                               else " (numba is not installed: no few-rows kernel)")
 
@@ -595,7 +613,10 @@ def _derive(report: dict, gamma) -> None:
     alpha = st["alpha"]
     g = gamma if gamma != "auto" else st["drafted"] / max(st["rounds_with_drafts"], 1)
     c = costs["c"]
-    speedup = sp["tokens_per_second"] / ar["tokens_per_second"]
+    # Theorem 3.8 compares decode steps: the speedup of the decode phase, the prompt's prefill
+    # (the same call for both) apart; the end-to-end one beside it
+    speedup = sp["decode_tokens_per_second"] / ar["decode_tokens_per_second"]
+    speedup_end_to_end = sp["tokens_per_second"] / ar["tokens_per_second"]
     predicted = predicted_speedup(alpha, g, c)
     verify_ratio = costs["verify_cost"].get(str(round(g) + 1))
     refined = (None if verify_ratio is None
@@ -607,7 +628,8 @@ def _derive(report: dict, gamma) -> None:
         "gamma": g, "c": c,
         "expected_tokens_per_call": expected_tokens_per_call(alpha, g),
         "tokens_per_target_call": tokens_per_call,
-        "speedup": speedup, "predicted_speedup": predicted,
+        "speedup": speedup, "speedup_end_to_end": speedup_end_to_end,
+        "predicted_speedup": predicted,
         "speedup_over_predicted": speedup / predicted,
         "verify_ratio": verify_ratio, "predicted_speedup_measured_verify": refined,
         "speedup_over_predicted_measured_verify": None if refined is None else speedup / refined,
@@ -630,11 +652,12 @@ def _derive(report: dict, gamma) -> None:
                 agreement[f"{a} vs {b}"] = _agreement(gen[a]["outputs"], gen[b]["outputs"])
     report["greedy_agreement"] = agreement
     floor = costs["floor"]
-    ar_step_s = ar["seconds"] / ar["new_tokens"]
+    ar_step_s = 1.0 / ar["decode_tokens_per_second"]  # the decode loop's, per token
     report["floor"] = {
         "weight_bytes": floor["weight_bytes"], "bandwidth": costs["bandwidth"]["read_weight_sized"],
         "floor_step_s": floor["floor_step_s"], "floor_tokens_per_second":
         floor["floor_tokens_per_s"], "autoregressive_step_s": ar_step_s,
+        "autoregressive_step_s_end_to_end": ar["seconds"] / ar["new_tokens"],
         "autoregressive_fraction_of_floor": floor["floor_step_s"] / ar_step_s,
         "forward_fraction_of_floor": floor["floor_step_s"] / costs["target_step_s"],
         "floor_step_s_large": costs["floor_large"]["floor_step_s"],
@@ -646,9 +669,9 @@ def _derive(report: dict, gamma) -> None:
     aims = {
         "target call t(5)/t(1) <= 1.25": (t5, t5 <= 1.25),
         "target call t(9)/t(1) <= 1.5": (t9, t9 <= 1.5),
-        "speculative >= 2.5x autoregressive": (speedup, speedup >= 2.5),
+        "speculative >= 2.5x autoregressive (decode)": (speedup, speedup >= 2.5),
         "speculative >= 0.9 x Theorem 3.8": (speedup / predicted, speedup / predicted >= 0.9),
-        "autoregressive >= 0.8 x memory floor": (
+        "autoregressive decode >= 0.8 x memory floor": (
             report["floor"]["autoregressive_fraction_of_floor"],
             report["floor"]["autoregressive_fraction_of_floor"] >= 0.8),
     }
@@ -737,24 +760,31 @@ def format_report(report: dict) -> str:
         (f"  the weight products of a step read {fl['products_bandwidth'] / 1e9:.1f} GB/s "
          f"({fl['products_bandwidth'] / fl['bandwidth']:.0%} of the read test's)"),
         (f"  autoregressive decoding runs at {fl['autoregressive_fraction_of_floor']:.0%} of the "
-         f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the loop; the bare "
-         f"forward step at {fl['forward_fraction_of_floor']:.0%})"),
+         f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the decode loop; "
+         f"the bare forward step at {fl['forward_fraction_of_floor']:.0%}; "
+         f"{fl['autoregressive_step_s_end_to_end'] * ms:.3f} ms/token with the prompt's prefill)"),
         "",
-        "generation (new tokens only)",
+        "generation (new tokens only; decode: after each prompt's first round, which holds its "
+        "prefill)",
         (f"  {'method':<28} {'tok/s':>8} {'tokens':>7} {'alpha':>6} {'tok/call':>8} "
-         f"{'speedup':>8}"),
+         f"{'speedup':>8} {'decode':>8} {'speedup':>8}"),
     ]
     gen = report["generation"]
     base = gen["minispec autoregressive"]["tokens_per_second"]
+    base_decode = gen["minispec autoregressive"]["decode_tokens_per_second"]
     for name, row in gen.items():
         st = row.get("stats")
         alpha = tok_call = "-"
+        decode = ["-", "-"]
         if st and st["drafted"]:
             alpha = f"{st['alpha']:.3f}"
         if st:
             tok_call = f"{st['new_tokens'] / st['target_calls']:.2f}"
+            rate = row["decode_tokens_per_second"]
+            decode = [f"{rate:.1f}", f"{rate / base_decode:.2f}x"]
         lines.append(f"  {name:<28} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
-                     f"{alpha:>6} {tok_call:>8} {row['tokens_per_second'] / base:7.2f}x")
+                     f"{alpha:>6} {tok_call:>8} {row['tokens_per_second'] / base:7.2f}x "
+                     f"{decode[0]:>8} {decode[1]:>8}")
     for key, ratio in report["vs_hf"].items():
         lines.append(f"  {key}: {ratio:.2f}x")
     lines += [
@@ -766,8 +796,8 @@ def format_report(report: dict) -> str:
          f"measured {th['tokens_per_target_call']:.2f}"),
         (f"  predicted speedup (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1)) with g = "
          f"{th['gamma']:.3g}, c = {th['c']:.3f}: {th['predicted_speedup']:.2f}x"),
-        (f"  measured speedup {th['speedup']:.2f}x = {th['speedup_over_predicted']:.2f} of "
-         "the prediction"),
+        (f"  measured speedup {th['speedup']:.2f}x (decode; {th['speedup_end_to_end']:.2f}x with "
+         f"the prefill) = {th['speedup_over_predicted']:.2f} of the prediction"),
     ]
     if th["verify_ratio"] is not None:
         lines.append(

@@ -42,7 +42,7 @@ from ..drafters import (
 )
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
-from ..options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
+from ..options import add_device, add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
 from ..shipped import models_hint, path_arg
 from ..tree import hidden_tree
 from . import harness
@@ -183,6 +183,8 @@ def format_report(report: dict) -> str:
     if s.get("device", "cpu") != "cpu":
         graphs = " with CUDA graphs" if s["cuda_graphs"] else ""
         where = f", on the {s['device'].upper()}{graphs}"
+    elif not s.get("fast_steps", True):
+        where = ", model.py's plain path (--fast-steps off)"
     if s.get("dtype", "float32") != "float32":
         where += f", in {s['dtype']}"
     lines = [f"every drafter on {s['prompts']} held-out prompts x {s['max_new_tokens']} new "
@@ -237,9 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads(ap)
     add_device(ap)
     add_dtype(ap)
-    ap.add_argument("--cuda-graphs", choices=["on", "off"], default="on",
-                    help="on the GPU: calls of a few tokens replayed as CUDA graphs "
-                    "(minispec/cuda_graphs.py)")
+    add_fast_steps(ap)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
 
@@ -254,7 +254,8 @@ def parse_temperatures(text: str) -> list[float]:
 
 def run(args: argparse.Namespace) -> dict:
     """The table described by parsed `args` (gamma parsed), as a JSON-ready dict."""
-    from ..cuda_graphs import enable_where_supported
+    from ..cpu_steps import enable_where_supported
+    from ..cuda_graphs import StepGraphs
     from ..loader import load
 
     temps = parse_temperatures(args.temperatures)
@@ -264,14 +265,16 @@ def run(args: argparse.Namespace) -> dict:
         target = load(args.target, device=args.device, dtype=args.dtype)
         draft = None if no_draft else load(path_arg(args.draft), device=args.device,
                                            dtype=args.dtype)
-        if args.cuda_graphs == "on":
+        if args.fast_steps == "on":
             enable_where_supported(target, draft)
         texts = harness.load_prompts(args.prompts, args.num_prompts)
         prompts = harness.encode_prompts(texts, target.tokenizer)
+        steps = getattr(target, "fast_steps", None)
         return {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                              "gamma": args.gamma, "repeats": args.repeats,
                              "device": target.device, "dtype": str(target.dtype),
-                             "cuda_graphs": getattr(target, "step_graphs", None) is not None},
+                             "cuda_graphs": isinstance(steps, StepGraphs),
+                             "fast_steps": steps is not None},
                 "by_temperature": {
                     f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
                                            gamma=args.gamma, repeats=args.repeats,

@@ -385,8 +385,22 @@ def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
                "outputs": [list(r.tokens) for r in results], "results": results}
         if hasattr(results[0], "stats"):
             row["stats"] = sum_stats(results)
+            row["decode_tokens_per_second"] = decode_rate(results)
         out[name] = row
     return out
+
+
+def decode_rate(results) -> float:
+    """New tokens per second of the decode phase: each generation's tokens and time after its
+    first round, which holds the prompt's prefill (a compute-bound call of the whole prompt,
+    the same for every method) and the first token. From one pass's GenerationResults."""
+    tokens = seconds = 0.0
+    for r in results:
+        if r.stats.rounds:
+            first = r.stats.rounds[0]
+            tokens += len(r.tokens) - len(first.emitted)
+            seconds += r.stats.total_seconds - first.draft_seconds - first.verify_seconds
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def sum_stats(results) -> dict:

@@ -145,7 +145,7 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
             "floor_fraction": floor["floor_step_s"] / steps[0],
             "generate_tokens_per_s": new_tokens / gen_s, "tokens": tokens}
         if name == "graphs":
-            report["paths"][name]["graph_captures"] = model.step_graphs.captures
+            report["paths"][name]["graph_captures"] = model.fast_steps.captures
             report["paths"][name]["seconds_with_captures"] = time.perf_counter() - t0
             cuda_graphs.disable(model)
     for name, err in report.get("paths_failed", {}).items():

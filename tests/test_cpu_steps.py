@@ -1,0 +1,141 @@
+"""The CPU speed path (minispec/cpu_steps.py) against model.py's plain forward pass.
+
+Each numba loop computes what the NumPy pieces compute, in another order: the hidden states
+agree to float32 rounding, and within the fast path a row's arithmetic never depends on the
+rows beside it, so a verify call gives each token the logits its own one-token step gives it."""
+
+import numpy as np
+import pytest
+from conftest import FAMILIES, tiny_config
+
+from minispec import cpu_steps
+from minispec.core.sampling import Sampling
+from minispec.core.speculative import Request, generate
+from minispec.drafters import ModelDrafter, NoDrafter
+from minispec.errors import MinispecError
+from minispec.loader import load, random_model
+from minispec.tree import hidden_tree
+
+TOL = {"rtol": 2e-5, "atol": 2e-5}
+
+
+def _pair(family, seed):
+    """The same random model twice: the plain one and one on the CPU step."""
+    plain = random_model(tiny_config(family), seed=seed, scale=0.3)
+    fast = random_model(tiny_config(family), seed=seed, scale=0.3)
+    cpu_steps.enable(fast)
+    return plain, fast
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_cpu_step_equals_the_plain_step(family):
+    """Prefill, then calls of 1..5 tokens with rollbacks between them (stale keys past the cache
+    length must stay unseen; mistral's window of 6 hides the oldest): the same hidden states,
+    logits and cached keys as Model.hidden_states."""
+    plain, fast = _pair(family, 3)
+    rng = np.random.default_rng(0)
+    a_cache, b_cache = plain.new_cache(48), fast.new_cache(48)
+    prompt = rng.integers(0, 48, 6).tolist()
+    plain.hidden_states(prompt, a_cache)
+    fast.hidden_states(prompt, b_cache)
+    for t in (1, 3, 5, 2, 1, 4, 1, 1, 3):
+        toks = rng.integers(0, 48, t).tolist()
+        a, b = plain.hidden_states(toks, a_cache), fast.hidden_states(toks, b_cache)
+        np.testing.assert_allclose(b, a, **TOL)
+        np.testing.assert_allclose(fast.lm_head(b), plain.lm_head(a), **TOL)
+        keep = a_cache.length - int(rng.integers(0, t))  # reject some of the tokens just fed
+        a_cache.rollback(keep)
+        b_cache.rollback(keep)
+    n = a_cache.length
+    np.testing.assert_allclose(b_cache.k[:, :, :n], a_cache.k[:, :, :n], **TOL)
+    np.testing.assert_allclose(b_cache.v[:, :, :n], a_cache.v[:, :, :n], **TOL)
+
+
+TREES = [(1, [-1, 0, 0, 1, 1, 2, 3]),  # (prefix length, parents): Medusa's 2,2,1,1 shape
+         (3, [-1, -1, 0, 0, 1, 4, 5, 5]),
+         (0, [-1, 0, -1, 2, 0])]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "mistral"])
+@pytest.mark.parametrize("m, parents", TREES)
+def test_a_tree_call_equals_the_plain_tree_call(family, m, parents):
+    """minispec.tree.hidden_tree through the CPU step (each node sees the context and its
+    ancestors, given as tree bits): the plain call's hidden states and cached keys."""
+    plain, fast = _pair(family, 5)
+    rng = np.random.default_rng(3)
+    a_cache, b_cache = plain.new_cache(40), fast.new_cache(40)
+    prompt = rng.integers(0, 48, 7).tolist()
+    plain.hidden_states(prompt, a_cache)
+    fast.hidden_states(prompt, b_cache)
+    prefix, tokens = rng.integers(0, 48, m).tolist(), rng.integers(0, 48, len(parents))
+    a = hidden_tree(plain, prefix, tokens, parents, a_cache)
+    b = hidden_tree(fast, prefix, tokens, parents, b_cache)
+    np.testing.assert_allclose(b, a, **TOL)
+    assert b_cache.length == a_cache.length
+    end = a_cache.length + len(parents)
+    np.testing.assert_allclose(b_cache.k[:, :, :end], a_cache.k[:, :, :end], **TOL)
+
+
+@pytest.fixture(scope="module")
+def shipped_fast():
+    """The shipped pair on the CPU step (the target's matrices bfloat16 as stored)."""
+    target, draft = load("shipped:target", device="cpu"), load("shipped:draft", device="cpu")
+    cpu_steps.enable_where_supported(target, draft, None)
+    assert target.fast_steps is not None and draft.fast_steps is not None
+    return target, draft
+
+
+def test_a_verify_call_gives_each_token_its_one_token_logits_bit_for_bit(shipped_fast):
+    """k tokens in one call, or one at a time, or as a chain-shaped tree: the same logits, bit
+    for bit, for every k the loop uses (the rows never meet)."""
+    target, _ = shipped_fast
+    prompt, last = list(range(10, 49)), 49  # the prefill (plain), then calls of a few tokens
+    toks = [5, 77, 1023, 9, 300, 2, 41, 8]
+
+    def warm():
+        cache = target.new_cache(128)
+        target.forward(prompt, cache)
+        return cache
+
+    steps = warm()
+    one = np.concatenate([target.forward([t], steps) for t in [last] + toks])  # [9, V]
+    for k in (1, 4, 8):
+        assert np.array_equal(target.forward([last] + toks[:k], warm()), one[:k + 1])
+    h = hidden_tree(target, [last], toks[:5], [-1, 0, 1, 2, 3], warm())
+    assert np.array_equal(target.lm_head(h), one[:6])
+
+
+def test_greedy_speculative_equals_autoregressive_on_the_cpu_step(shipped_fast):
+    """The loop's promise on the fast path: the draft model's chain and autoregressive decoding
+    give the same tokens; and the plain path's logits agree with the fast path's."""
+    target, draft = shipped_fast
+    sampling, request = Sampling(0.0), Request(40, None, seed=0)
+    for prompt in ([3, 14, 15, 92, 65], list(range(100, 160, 3))):
+        ar = generate(target, NoDrafter(target), prompt, sampling, request, gamma=0)
+        spec = generate(target, ModelDrafter(target, draft), prompt, sampling, request, gamma=4)
+        assert spec.tokens == ar.tokens
+    plain = load("shipped:target", device="cpu")
+    c1, c2 = plain.new_cache(64), target.new_cache(64)
+    plain.forward(list(range(20)), c1)
+    target.forward(list(range(20)), c2)
+    np.testing.assert_allclose(target.forward([7, 8, 9], c2), plain.forward([7, 8, 9], c1),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_calls_the_step_does_not_serve_take_the_plain_path():
+    """More than MAX_TOKENS tokens (a prefill) is model.py's call, bit for bit."""
+    plain, fast = _pair("llama", 7)
+    toks = list(range(1, cpu_steps.MAX_TOKENS + 4)) + [1]
+    a, b = plain.new_cache(64), fast.new_cache(64)
+    assert np.array_equal(fast.hidden_states(toks, b), plain.hidden_states(toks, a))
+
+
+def test_supported_says_why_not():
+    qwen3 = random_model(tiny_config("qwen3"), seed=0)
+    assert "Qwen3" in cpu_steps.supported(qwen3)
+    with pytest.raises(MinispecError, match="cpu_steps: .*Qwen3"):
+        cpu_steps.enable(qwen3)
+    cpu_steps.enable_where_supported(qwen3)  # left plain, no error
+    assert getattr(qwen3, "fast_steps", None) is None
+    half = random_model(tiny_config("llama"), seed=0, dtype="float16")
+    assert "float32" in cpu_steps.supported(half)
