@@ -135,6 +135,14 @@ def test_bench_without_a_draft_model(pair, capsys):
         assert gen[name]["speedup"] == pytest.approx(
             gen[name]["tokens_per_second"] / gen[mine[0]]["tokens_per_second"])
     assert gen[mine[0]]["tokens_per_target_call"] == 1.0
+    # the floor: the bytes a step reads as stored, at the read test's rate; the step's fraction
+    fl, costs = r["floor"], r["costs"]
+    assert fl["weight_bytes"] == r["target"]["weight_bytes"]
+    assert fl["floor_step_s"] == pytest.approx(fl["weight_bytes"] / fl["bandwidth"])
+    assert fl["step_fraction_of_floor"] == pytest.approx(
+        fl["floor_step_s"] / costs["target_step_s"])
+    assert fl["autoregressive_fraction_of_floor"] == pytest.approx(
+        fl["floor_step_s"] * gen[mine[0]]["decode_tokens_per_second"])
     with pytest.raises(bench.MinispecError, match="--drafters: 'model'"):
         bench.main(["--target", str(pair / "target"), "--draft", "none", "--drafters", "model"])
 

@@ -416,7 +416,10 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     with blas_threads(args.threads) as n_threads:
         report["settings"]["blas_threads"] = n_threads
         t1, tv = time_decode_steps([(target, 1), (target, gamma + 1)], context, steps)
-        costs = {"context": context, "target_step_s": t1, "verify_s": tv}
+        costs = {"context": context, "target_step_s": t1, "verify_s": tv,
+                 # the floor: the bytes a step reads (as stored) at the best read of as many
+                 "read_bandwidth": read_bandwidth(decode_weight_bytes(target),
+                                                  2 if args.quick else 5, target.xp)}
         methods = {"minispec autoregressive": minispec_method(NoDrafter(target), 0)}
         for n in names:
             name, options = SELF_DRAFTERS[n]
@@ -459,6 +462,12 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                                   / base["decode_tokens_per_second"]
                                   if "decode_tokens_per_second" in m else None)}
         for name, m in timed.items()}
+    floor = decode_weight_bytes(target) / costs["read_bandwidth"]
+    report["floor"] = {"weight_bytes": decode_weight_bytes(target),
+                       "bandwidth": costs["read_bandwidth"], "floor_step_s": floor,
+                       "step_fraction_of_floor": floor / costs["target_step_s"],
+                       "autoregressive_fraction_of_floor":
+                       floor * base["decode_tokens_per_second"]}
     agreement = {}
     if args.temperature == 0:
         pairs = [(name, "minispec autoregressive") for name in timed
@@ -493,6 +502,14 @@ def format_without_draft(report: dict) -> str:
          f"{s['gamma'] + 1} tokens {c['verify_s'] * ms:.2f} ms "
          f"({c['verify_s'] / c['target_step_s']:.2f}x), on a cache of {c['context']} positions"),
     ]
+    fl = report.get("floor")
+    if fl is not None:
+        lines.append(
+            f"memory floor {fl['weight_bytes'] / 1e6:.1f} MB of weights (as stored) / "
+            f"{fl['bandwidth'] / 1e9:.1f} GB/s (best read of as many bytes) = "
+            f"{fl['floor_step_s'] * ms:.2f} ms: the decode step at "
+            f"{fl['step_fraction_of_floor']:.0%} of the floor's speed, autoregressive decoding "
+            f"at {fl['autoregressive_fraction_of_floor']:.0%} (its decode loop)")
     if "hf_target_step_s" in c:
         lines.append(f"  transformers (torch): decode step {c['hf_target_step_s'] * ms:.2f} ms, "
                      f"verify call {c['hf_verify_s'] * ms:.2f} ms "
