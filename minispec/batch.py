@@ -38,7 +38,7 @@ import numpy as np
 
 from .batch_forward import batch_head, batch_hidden
 from .core.drafter import Drafter, ModelDrafter, NoDrafter
-from .core.model import Model
+from .core.model import KVCache, Model
 from .core.sampling import Sampling
 from .core.speculative import (
     DEFAULT_GAMMA,
@@ -123,15 +123,16 @@ class BatchCosts:
     """Measured seconds of the calls a batched round makes, by batch size B (`calibrate`).
 
     verify[B][k]: one target call of B sequences feeding k tokens each (k = 1: a plain decode
-    step of the batch; k = gamma + 1: a verify call). draft[B]: one draft step of B sequences
-    (0 for a drafter without a forward call). Between measured sizes, linear in B.
+    step of the batch; k = gamma + 1: a verify call), for some k (always 1 and the largest).
+    draft[B]: one draft step of B sequences (0 for a drafter without a forward call). Between
+    measured sizes and token counts, linear in B and in k.
     """
 
     verify: dict[int, dict[int, float]]
     draft: dict[int, float]
 
     def t_verify(self, B: int, k: int) -> float:
-        return _interpolate({b: row[k] for b, row in self.verify.items()}, B)
+        return _interpolate({b: _interpolate(row, k) for b, row in self.verify.items()}, B)
 
     def t_draft(self, B: int) -> float:
         return _interpolate(self.draft, B)
@@ -211,54 +212,67 @@ def batch_sizes_up_to(n: int) -> tuple[int, ...]:
     return tuple(sorted({2**i for i in range(n.bit_length()) if 2**i < n} | {n}))
 
 
+CALIBRATED_K = (1, 2, 3, 5)  # token counts timed besides max_k; others are interpolated
+
+
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
               batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), max_k: int = 9,
-              context: int = 64, repeats: int = 5) -> BatchCosts:
+              context: int = 64, repeats: int = 2) -> BatchCosts:
     """Time the batched calls `LoadAwareGamma` weighs, on caches of `context` positions.
 
     draft: the model one draft step runs (its first draft_layers layers and the head, for the
     early-exit drafter: draft=target), or None for a drafter without a forward call.
-    Each (B, k) is timed `repeats` times, in passes over all of them (so a burst of load on a
-    shared machine hits every size a little rather than one size a lot), after one untimed
-    call; the fastest time is kept (interference only ever adds time), then made monotone: a
-    cost is raised to the largest kept for fewer tokens or a smaller batch.
+    Each B is timed at k in CALIBRATED_K and max_k (a verify call's cost is close to linear in
+    k between them: the products' rows), `repeats` times, in passes over all of them (so a
+    burst of load on a shared machine hits every size a little rather than one size a lot),
+    after one untimed call; the fastest time is kept (interference only ever adds time), then
+    made monotone: a cost is raised to the largest kept for fewer tokens or a smaller batch.
+    A batch of one is timed through the model's own call, as the decoder runs it (batch_hidden:
+    the CPU step or a CUDA graph where the model has one).
     """
     from .batch_forward import batch_embed, batch_run_layers
 
     context = min(context, target.config.max_position_embeddings - max_k)
     ids = (np.arange(context + max_k) % min(target.vocab_size, 256)).tolist()
 
-    def prepared(model, B):  # B caches holding `context` positions, room for max_k more
-        caches = [model.new_cache(context + max_k) for _ in range(B)]
-        batch_hidden(model, [ids[:context]] * B, caches)
-        return caches
+    def prepared(model, B):  # B caches holding `context` positions, room for max_k more:
+        one = model.new_cache(context + max_k)  # one prefill, copied (the same tokens in each)
+        batch_hidden(model, [ids[:context]], [one])
+        return [one] + [KVCache(one.k.copy(), one.v.copy(), one.length) for _ in range(B - 1)]
 
     def timed(model, caches, B, k, layers=None):
         t0 = time.perf_counter()  # the cache stays at `context`: each call writes the same k
-        h = batch_run_layers(model, batch_embed(model, [ids[context:context + k]] * B,
-                                                [context] * B), caches, [context] * B,
-                             [k] * B, 0, layers)
-        model.lm_head(h)
+        if B == 1 and layers is None:
+            model.lm_head(model.hidden_states(ids[context:context + k], caches[0]))
+            caches[0].rollback(context)
+        else:
+            h = batch_run_layers(model, batch_embed(model, [ids[context:context + k]] * B,
+                                                    [context] * B), caches, [context] * B,
+                                 [k] * B, 0, layers)
+            model.lm_head(h)
         return time.perf_counter() - t0
 
-    calls = [(target, B, k, None, ("verify", B, k)) for B in batch_sizes
-             for k in range(1, max_k + 1)]
+    ks = sorted({k for k in CALIBRATED_K if k < max_k} | {max_k})
+    calls = [(target, B, k, None, ("verify", B, k)) for B in batch_sizes for k in ks]
     if draft is not None:
         calls += [(draft, B, 1, draft_layers, ("draft", B, 1)) for B in batch_sizes]
-    caches = {(key[0], B): prepared(model, B) for model, B, _, _, key in calls}
+    largest = {key[0]: (model, max(b for m, b, *_ in calls if m is model))
+               for model, _, _, _, key in calls}
+    shared = {name: prepared(model, B) for name, (model, B) in largest.items()}
+    caches = {(key[0], B): shared[key[0]][:B] for _, B, _, _, key in calls}  # calls keep them
     best = dict.fromkeys([key for *_, key in calls], float("inf"))
     for r in range(repeats + 1):  # pass 0 is the untimed warm-up
         for model, B, k, layers, key in calls:
             t = timed(model, caches[key[0], B], B, k, layers)
             best[key] = min(best[key], t) if r else best[key]
-    verify = {B: {k: best["verify", B, k] for k in range(1, max_k + 1)} for B in batch_sizes}
+    verify = {B: {k: best["verify", B, k] for k in ks} for B in batch_sizes}
     draft_s = {B: best["draft", B, 1] if draft is not None else 0.0 for B in batch_sizes}
     # more work never costs less: timing noise (a shared machine) is taken out by keeping each
     # cost at least the largest one measured for less work (fewer tokens, a smaller batch)
     sizes = sorted(batch_sizes)
     for i, B in enumerate(sizes):
-        for k in range(1, max_k + 1):
-            smaller = [verify[B][k - 1]] if k > 1 else []
+        for j, k in enumerate(ks):
+            smaller = [verify[B][ks[j - 1]]] if j else []
             smaller += [verify[sizes[i - 1]][k]] if i else []
             verify[B][k] = max([verify[B][k], *smaller])
         if i:

@@ -32,8 +32,9 @@ from ..backend import blas_threads
 from ..batch import BatchCosts, BatchDecoder, LoadAwareGamma, calibrate, generate_batch
 from ..core.sampling import Sampling
 from ..core.speculative import DEFAULT_GAMMA, Request
+from ..cpu_steps import enable_where_supported
 from ..errors import MinispecError
-from ..options import add_gamma, add_threads, parse_gamma
+from ..options import add_fast_steps, add_gamma, add_threads, parse_gamma
 from ..shipped import path_arg
 from . import harness
 from .sweep import need_matplotlib, save
@@ -252,6 +253,7 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     add_gamma(ap, auto=False, what="speculative decoding's fixed gamma")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="new tokens per sequence")
     add_threads(ap)
+    add_fast_steps(ap)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--plot", metavar="PNG", default=None,
                     help="write a plot (needs the plot extra: pip install 'minispec[plot]')")
@@ -277,6 +279,8 @@ def _load(args):
         if not path.exists():
             raise MinispecError(f"{flag}: {path} does not exist")
     target, draft = load(args.target, device="cpu"), load(args.draft, device="cpu")
+    if args.fast_steps == "on":  # a batch of one sequence takes the CPU step (cpu_steps.py)
+        enable_where_supported(target, draft)
     texts = harness.load_prompts(args.prompts)
     return target, draft, harness.encode_prompts(texts, target.tokenizer)
 
