@@ -130,12 +130,21 @@ class BatchCosts:
 
     verify: dict[int, dict[int, float]]
     draft: dict[int, float]
+    # the interpolated costs asked for so far: the policy asks for the same few every round
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def t_verify(self, B: int, k: int) -> float:
-        return _interpolate({b: _interpolate(row, k) for b, row in self.verify.items()}, B)
+        key = ("verify", B, k)
+        if key not in self._memo:
+            self._memo[key] = _interpolate(
+                {b: _interpolate(row, k) for b, row in self.verify.items()}, B)
+        return self._memo[key]
 
     def t_draft(self, B: int) -> float:
-        return _interpolate(self.draft, B)
+        key = ("draft", B)
+        if key not in self._memo:
+            self._memo[key] = _interpolate(self.draft, B)
+        return self._memo[key]
 
     @property
     def max_k(self) -> int:
