@@ -83,9 +83,10 @@ def write_prompts(name: str, folder: Path, split: str = "prompts") -> Path:
 
 def by_workload(reports: dict[str, dict], temperature: str | None = None
                 ) -> dict[str, dict[str, dict]]:
-    """{method: {workload: {"tokens_per_target_call", "speedup", "identical"}}} from the reports
-    of `bench --draft none` (run_without_draft) or `drafters` (its rows at `temperature`, e.g.
-    "0"; default the first), one per workload."""
+    """{method: {workload: {"tokens_per_target_call", "speedup", "decode_speedup",
+    "identical"}}} from the reports of `bench --draft none` (run_without_draft) or `drafters`
+    (its rows at `temperature`, e.g. "0"; default the first; no decode_speedup), one per
+    workload."""
     table: dict[str, dict[str, dict]] = {}
     for w, report in reports.items():
         if "generation" in report:  # bench
@@ -94,7 +95,7 @@ def by_workload(reports: dict[str, dict], temperature: str | None = None
                 a = agree.get(f"{name} vs minispec autoregressive")
                 table.setdefault(name, {})[w] = {
                     "tokens_per_target_call": row["tokens_per_target_call"],
-                    "speedup": row["speedup"],
+                    "speedup": row["speedup"], "decode_speedup": row.get("decode_speedup"),
                     "identical": None if a is None else a["identical"] == a["total"]}
         else:  # drafters
             by_t = report["by_temperature"]
@@ -102,28 +103,33 @@ def by_workload(reports: dict[str, dict], temperature: str | None = None
             for row in rows:
                 table.setdefault(row["method"], {})[w] = {
                     "tokens_per_target_call": row["tokens_per_target_call"],
-                    "speedup": row["speedup"], "identical": row["identical"]}
+                    "speedup": row["speedup"], "decode_speedup": None,
+                    "identical": row["identical"]}
     return table
 
 
 def format_by_workload(table: dict[str, dict[str, dict]], header: list[str]) -> str:
     """The table: one row per method, per workload its tokens per target call and speedup over
-    autoregressive decoding (and "!" where a greedy output differed from it)."""
+    autoregressive decoding, end to end and (where measured) in the decode phase, after each
+    prompt's first round, which holds its prefill (and "!" where a greedy output differed)."""
     workloads = list(dict.fromkeys(w for row in table.values() for w in row))
     width = max([28, *(len(m) + 2 for m in table)])
-    lines = list(header) + ["", "tokens per target call / speedup over autoregressive decoding"
-                            " (each workload timed in its own run, methods interleaved)",
-                            f"{'method':<{width}}" + "".join(f"{w:>15}" for w in workloads)]
+    lines = list(header) + ["", "tokens per target call / speedup over autoregressive decoding,"
+                            " end to end / in the decode phase (after each prompt's first round,"
+                            " which holds its prefill); each workload timed in its own run,"
+                            " methods interleaved",
+                            f"{'method':<{width}}" + "".join(f"{w:>22}" for w in workloads)]
     for method, row in table.items():
         cells = []
         for w in workloads:
             c = row.get(w)
             if c is None:
-                cells.append(f"{'':>15}")
+                cells.append(f"{'':>22}")
                 continue
-            tpc = c["tokens_per_target_call"]
+            tpc, decode = c["tokens_per_target_call"], c.get("decode_speedup")
             mark = "!" if c["identical"] is False else " "
-            cells.append(f"{'-' if tpc is None else f'{tpc:.2f}':>7} {c['speedup']:5.2f}x{mark}")
+            cells.append(f"{'-' if tpc is None else f'{tpc:.2f}':>7} {c['speedup']:5.2f}x "
+                         f"{'-' if decode is None else f'{decode:.2f}x':>6}{mark}")
         lines.append(f"{method:<{width}}" + "".join(cells))
     checked = [c["identical"] for row in table.values() for c in row.values()
                if c["identical"] is not None]

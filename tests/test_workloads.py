@@ -88,27 +88,28 @@ def test_workload_names_and_the_prompt_file_they_write(tmp_path):
 
 
 def _bench_report(tpc: float, identical: bool) -> dict:
-    rows = {"minispec autoregressive": (1.0, 1.0), "minispec auto": (tpc, tpc / 1.5),
-            "hf prompt lookup": (None, 1.2)}
+    rows = {"minispec autoregressive": (1.0, 1.0, 1.0),
+            "minispec auto": (tpc, tpc / 1.5, tpc / 1.2), "hf prompt lookup": (None, 1.2, None)}
     agree = {"minispec auto vs minispec autoregressive":
              {"identical": 8 if identical else 7, "total": 8}}
-    return {"generation": {k: {"tokens_per_target_call": t, "speedup": s}
-                           for k, (t, s) in rows.items()},
+    return {"generation": {k: {"tokens_per_target_call": t, "speedup": s, "decode_speedup": d}
+                           for k, (t, s, d) in rows.items()},
             "greedy_agreement": agree}
 
 
 def test_the_table_of_every_workload_and_its_plot(tmp_path):
     table = by_workload({"grounded": _bench_report(4.5, True), "chat": _bench_report(1.5, True)})
-    assert table["minispec auto"]["grounded"] == {"tokens_per_target_call": 4.5,
-                                                  "speedup": 3.0, "identical": True}
+    assert table["minispec auto"]["grounded"] == {"tokens_per_target_call": 4.5, "speedup": 3.0,
+                                                  "decode_speedup": 3.75, "identical": True}
     text = format_by_workload(table, ["header"])
     lines = text.splitlines()
     assert lines[0] == "header" and lines[3].split() == ["method", "grounded", "chat"]
-    assert lines[5].split() == ["minispec", "auto", "4.50", "3.00x", "1.50", "1.00x"]
-    assert lines[6].split() == ["hf", "prompt", "lookup", "-", "1.20x", "-", "1.20x"]
+    assert lines[5].split() == ["minispec", "auto", "4.50", "3.00x", "3.75x", "1.50", "1.00x",
+                                "1.25x"]
+    assert lines[6].split() == ["hf", "prompt", "lookup", "-", "1.20x", "-", "-", "1.20x", "-"]
     assert lines[-1].startswith("greedy outputs: every method's identical")
     table = by_workload({"grounded": _bench_report(4.5, False)})
-    assert "3.00x!" in format_by_workload(table, [])
+    assert "3.75x!" in format_by_workload(table, [])
     # the drafters table: its rows at the temperature asked for
     rows = [{"method": "auto (gamma 16)", "tokens_per_target_call": 2.0, "speedup": 1.5,
              "identical": None}]
