@@ -90,20 +90,27 @@ def to_host(a) -> np.ndarray:
 # bfloat16, so they are kept as uint16 arrays holding the top half of each float32 (`BF16`), and
 # the kernels widen each weight in a register (bfloat16 -> float32 is exact: the 16 bits become
 # the high half of the float32), then multiply and accumulate in float32 as for float32 weights,
-# in the same order: the same bits out, for half the bytes read. `widen` is the NumPy reference.
+# in the same order: the same bits out, for half the bytes read. A float16 checkpoint's weights
+# stay float16 (`F16`, NumPy's own), widened in a register too (a half -> float conversion, also
+# exact; numba has no float16 arrays, so the kernels see them as int16). `widen` is the NumPy
+# reference.
 
 BF16 = np.dtype(np.uint16)  # how a bfloat16 weight is held on the CPU
+F16 = np.dtype(np.float16)  # and a float16 one
 
 
 def widen(w: np.ndarray) -> np.ndarray:
-    """A bfloat16 weight held as uint16 (BF16) -> float32, exactly; a float32 one unchanged."""
+    """A 16-bit weight held as stored (BF16 or F16) -> float32, exactly; a float32 one
+    unchanged."""
+    if w.dtype == F16:
+        return w.astype(np.float32)
     if w.dtype != BF16:
         return w
     return (w.astype(np.uint32) << 16).view(np.float32)  # same shape; a view of a new array
 
 KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
 
-_KERNEL_WEIGHTS = (np.dtype(np.float32), BF16)
+_KERNEL_WEIGHTS = (np.dtype(np.float32), BF16, F16)
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
 _kernels: tuple | None = None  # (the rows kernel,), compiled on first use; () if no numba
 _prefetch = _eight = _tail = _widen = None  # numba functions the kernels call, made with them
@@ -112,22 +119,24 @@ _prefetch = _eight = _tail = _widen = None  # numba functions the kernels call, 
 def matmul(x, w):
     """x @ w for activations x [T, D_in] and a weight w [D_in, D_out] (or a transposed view).
 
-    The same product everywhere. On the CPU, 1..32 float32 rows against a float32 or BF16
+    The same product everywhere. On the CPU, 1..32 float32 rows against a float32, BF16 or F16
     weight stored one output per row (w.T C-contiguous: every weight loader.py makes) go through
-    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS), a BF16 weight widened
+    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS), a 16-bit weight widened
     first.
     """
     if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
             and x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.ndim == 2
             and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
         return _run_kernel(x, w)  # the checks few_rows_matmul makes were just made
-    return x @ widen(w) if isinstance(w, np.ndarray) else x @ w
+    if isinstance(w, np.ndarray) and (w.dtype == BF16 or w.dtype == F16 != x.dtype):
+        w = widen(w)  # as stored -> float32 (a float16 model's own float16 weights stay)
+    return x @ w
 
 
 def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x @ w for a few float32 rows x [T, D_in], reading each weight of w [D_in, D_out] once.
 
-    w: float32 or BF16 (widened in registers), a transposed view of a C-contiguous
+    w: float32, BF16 or F16 (widened in registers), a transposed view of a C-contiguous
     [D_out, D_in] array. Needs numba (a
     MinispecError without it). Each output is a dot product of one contiguous weight row with
     each x row, summed in the same order whatever T is, so a row's result does not depend on the
@@ -138,16 +147,17 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         raise MinispecError("few_rows_matmul: needs numba (pip install numba)")
     if not (x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.T.flags.c_contiguous
             and x.ndim == 2 and x.shape[1] == w.shape[0]):
-        raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and float32 or BF16 "
-                            f"w [D_in, D_out] "
-                            f"stored [D_out, D_in], got x {x.dtype} {x.shape}, w {w.dtype} "
-                            f"{w.shape} (C-contiguous transpose: {w.T.flags.c_contiguous})")
+        raise MinispecError(f"few_rows_matmul: expected float32 x [T, D_in] and float32, BF16 or "
+                            f"F16 w [D_in, D_out] stored [D_out, D_in], got x {x.dtype} "
+                            f"{x.shape}, w {w.dtype} {w.shape} (C-contiguous transpose: "
+                            f"{w.T.flags.c_contiguous})")
     return _run_kernel(x, w)
 
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
-    _kernels[0](np.ascontiguousarray(x), w.T, y)
+    wt = w.T if w.dtype != F16 else w.T.view(np.int16)  # numba reads float16 as int16 bits
+    _kernels[0](np.ascontiguousarray(x), wt, y)
     return y
 
 
@@ -273,7 +283,8 @@ def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
 
 def _widen_intrinsic(numba):
     """A numba function `_widen(v)`: a float32 weight as it is; a BF16 one (uint16) as the float32
-    whose high 16 bits it is (zero-extend, shift left 16, reinterpret: LLVM vectorizes it)."""
+    whose high 16 bits it is (zero-extend, shift left 16, reinterpret: LLVM vectorizes it); an
+    F16 one (its bits as int16) converted half -> float (x86's vcvtph2ps)."""
     from llvmlite import ir
     from numba.extending import intrinsic
 
@@ -281,6 +292,9 @@ def _widen_intrinsic(numba):
     def widen(typingctx, v):
         if v == numba.types.float32:
             return numba.types.float32(v), lambda context, builder, sig, args: args[0]
+        if v == numba.types.int16:
+            return numba.types.float32(v), lambda context, builder, sig, args: builder.fpext(
+                builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
         if v != numba.types.uint16:
             return None
 

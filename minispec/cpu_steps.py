@@ -27,7 +27,7 @@ import numpy as np
 
 from .backend import kernel_available, matmul
 from .core.model import Model
-from .cuda_graphs import PlainKernels, static_head, static_hidden, tree_inputs, use
+from .cuda_graphs import PlainKernels, static_head, static_hidden, static_layers, tree_inputs, use
 from .errors import MinispecError
 
 MAX_TOKENS = 32  # a call of more tokens (a prefill) takes the plain path: its overhead is small
@@ -107,9 +107,10 @@ def supported(model) -> str | None:
 
 
 class CpuSteps:
-    """Model.hidden_states, Model.lm_head and a tree's call (minispec.tree.hidden_tree) for calls
-    of 1..MAX_TOKENS tokens on a cache, by `static_hidden` with NumbaKernels; None where it does
-    not serve (the caller then takes the plain path). The interface of cuda_graphs.StepGraphs."""
+    """Model.hidden_states, Model.run_layers (every layer), Model.lm_head and a tree's call
+    (minispec.tree.hidden_tree) for calls of 1..MAX_TOKENS tokens on a cache, by `static_hidden`
+    with NumbaKernels; None where it does not serve (the caller then takes the plain path). The
+    interface of cuda_graphs.StepGraphs, and run_layers."""
 
     def __init__(self, model):
         why = supported(model)
@@ -137,6 +138,15 @@ class CpuSteps:
         h = static_hidden(m, self.kernels, ids, positions, cache)
         cache.length = pos + t
         return h
+
+    def run_layers(self, h, cache, pos: int, first: int = 0, end: int | None = None):
+        m, t = self.model, h.shape[0]
+        if (cache is None or first != 0 or end not in (None, m.n_layers)
+                or not 1 <= t <= MAX_TOKENS or pos < 0 or pos + t > cache.max_len):
+            return None  # partial stacks (early exit), no cache, prefills: the plain path
+        m._check_span(pos, t, cache)
+        self._tables(pos + t)
+        return static_layers(m, self.kernels, h, np.arange(pos, pos + t, dtype=np.int64), cache)
 
     def lm_head(self, h):
         if not 1 <= h.shape[0] <= MAX_TOKENS:

@@ -123,6 +123,13 @@ def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
     h = w["embed"][ids]  # [T, D]
     if w["pos_embed"] is not None:
         h = h + w["pos_embed"][positions]
+    return static_layers(model, kernels, h, positions, cache, slots, tree)
+
+
+def static_layers(model, kernels, h, positions, cache, slots=None, tree=None):
+    """Every layer over input rows h [T, D] at `positions` (Model.run_layers, the positions as
+    data; slots and tree as in static_hidden) -> [T, D]."""
+    w = model.weights
     tables = None if model._inv_freq is None else (model._cos, model._sin)  # [P, E/2] each
     for i in range(model.n_layers):
         h = static_block(kernels, h, w["layers"][i], model.config, tables, cache.k[i],
@@ -822,6 +829,16 @@ class FastModel(Model):
             if h is not None:
                 return h
         return super().hidden_states(tokens, cache)
+
+    def run_layers(self, h, cache, pos: int, first: int = 0, end: int | None = None):
+        """Model.run_layers, on the speed path where it serves the call (the CPU step: every
+        layer, a few rows, on a cache; an EAGLE head's layer is fed so)."""
+        serve = getattr(self.fast_steps, "run_layers", None)
+        if serve is not None:
+            out = serve(h, cache, pos, first, end)
+            if out is not None:
+                return out
+        return super().run_layers(h, cache, pos, first, end)
 
 
 def use(model, steps) -> None:

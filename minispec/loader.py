@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import shipped
-from .backend import BF16, get_backend, kernel_available, to_host, widen
+from .backend import BF16, F16, get_backend, kernel_available, to_host, widen
 from .config import ModelConfig, read_config, read_json
 from .core.model import Model
 from .errors import MinispecError
@@ -247,24 +247,38 @@ def _compute_dtype(dtype) -> np.dtype:
 
 
 def _as_stored(ckpt, config: ModelConfig, prefix: str, xp, dtype, requested) -> Callable | None:
-    """How the linear weights are put when they stay as stored: a bfloat16 checkpoint loaded on
-    the CPU with the default dtype keeps its matrices 16-bit (backend.BF16), which the few-rows
-    kernels widen in registers: the same logits, bit for bit, for half the bytes each step reads.
-    None (every weight widened to `dtype` at load) on the GPU, for an explicit dtype, without
-    numba, or for a checkpoint whose matrices are not all BF16."""
+    """How the linear weights are put when they stay as stored: a bfloat16 or float16 checkpoint
+    loaded on the CPU with the default dtype keeps its matrices 16-bit (backend.BF16, F16),
+    which the few-rows kernels widen in registers: the same logits, bit for bit, for half the
+    bytes each step reads. None (every weight widened to `dtype` at load) on the GPU, for an
+    explicit dtype, without numba, or for a checkpoint whose matrices are not all BF16 or all
+    F16."""
     if requested is not None or xp is not np or not kernel_available():
         return None
     names = [n for n, shape in hf_shapes(config, prefix).items() if len(shape) == 2
              and "wpe" not in n]  # GPT-2's position table is looked up, not multiplied
-    if any(ckpt.dtype(n) != "BF16" for n in names):
+    stored = {ckpt.dtype(n) for n in names}
+    return as_stored_putter(stored.pop(), dtype) if len(stored) == 1 else None
+
+
+def as_stored_putter(stored: str, dtype) -> Callable | None:
+    """put(float32 [out, in]) for matrices stored as `stored` ("BF16", "F16"): held in that
+    format where it holds the values exactly, else as `dtype` (GPT-2's folded query scale); None
+    for any other format."""
+    if stored == "BF16":
+        def put(a: np.ndarray) -> np.ndarray:
+            bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+            if (bits & 0xFFFF).any():  # not a bfloat16: float32 as it is
+                return np.array(a, dtype=dtype, order="C")
+            return (bits >> 16).astype(BF16)
+    elif stored == "F16":
+        def put(a: np.ndarray) -> np.ndarray:
+            half = np.ascontiguousarray(a, dtype=F16)
+            if not np.array_equal(half.astype(np.float32), a):  # not a float16: as it is
+                return np.array(a, dtype=dtype, order="C")
+            return half
+    else:
         return None
-
-    def put(a: np.ndarray) -> np.ndarray:
-        bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-        if (bits & 0xFFFF).any():  # not a bfloat16 (GPT-2's scaled queries): float32 as it is
-            return np.array(a, dtype=dtype, order="C")
-        return (bits >> 16).astype(BF16)
-
     return put
 
 
@@ -272,7 +286,7 @@ def widened(model: Model) -> Model:
     """`model` with every matrix held as stored (BF16) widened to float32: what dtype="float32"
     would have loaded, sharing every other array."""
     def wide(a):
-        return widen(a.T).T if isinstance(a, np.ndarray) and a.dtype == BF16 else a
+        return widen(a.T).T if isinstance(a, np.ndarray) and a.dtype in (BF16, F16) else a
 
     w = model.weights
     weights = {k: wide(v) for k, v in w.items() if k != "layers"}

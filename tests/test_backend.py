@@ -10,6 +10,7 @@ import pytest
 
 from minispec.backend import (
     BF16,
+    F16,
     KERNEL_MAX_ROWS,
     few_rows_matmul,
     kernel_available,
@@ -80,12 +81,19 @@ def test_widen_is_exact_for_every_bfloat16():
     assert widen(w) is w  # float32 stays as it is
 
 
+def as_f16(w: np.ndarray) -> np.ndarray:
+    """w [D_in, D_out] (a view of [D_out, D_in]) rounded to float16, held as the loader holds a
+    float16 checkpoint's matrices (F16, one output per row)."""
+    return np.ascontiguousarray(w.T).astype(F16).T
+
+
 @needs_numba
+@pytest.mark.parametrize("stored", [as_bf16, as_f16])
 @pytest.mark.parametrize("name", [*SHAPES, "smollm2 head"])
-def test_bfloat16_weights_give_the_float32_products_bit_for_bit(name):
-    # a BF16 weight is widened in registers and summed in the same order as its float32 copy:
-    # every row count, every shape, the same bits as the widened-at-load weight
-    w = as_bf16(weight(*(SHAPES.get(name) or SMOLLM2_HEAD)))
+def test_16_bit_weights_give_the_float32_products_bit_for_bit(name, stored):
+    # a BF16 or F16 weight is widened in registers and summed in the same order as its float32
+    # copy: every row count, every shape, the same bits as the widened-at-load weight
+    w = stored(weight(*(SHAPES.get(name) or SMOLLM2_HEAD)))
     rows = KERNEL_MAX_ROWS + 1 if name != "smollm2 head" else 2
     x = RNG.standard_normal((rows, w.shape[0]), dtype=np.float32)
     wide = widen(w)

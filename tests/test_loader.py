@@ -104,6 +104,28 @@ def test_a_bfloat16_checkpoint_stays_bfloat16_with_the_same_logits(tmp_path, fam
                                   wide.logits(TOKENS))
 
 
+@pytest.mark.skipif(not kernel_available(), reason="weights stay as stored where numba runs "
+                    "the few-rows kernel; without it they are widened at load")
+def test_a_float16_checkpoint_stays_float16_with_the_same_logits():
+    """The shipped draft model is stored F16: its matrices stay float16, every logit the
+    widened-at-load model's, bit for bit (prefill, steps, a verify call)."""
+    stored = load("shipped:draft", device="cpu")
+    wide = load("shipped:draft", device="cpu", dtype="float32")
+    layer = stored.weights["layers"][0]
+    assert layer["wqkv"].dtype == layer["w_down"].dtype == np.float16
+    assert wide.weights["layers"][0]["wqkv"].dtype == np.float32
+    ids = [5, 17, 300, 12, 9, 41, 2, 77]
+    np.testing.assert_array_equal(stored.logits(ids), wide.logits(ids))
+    caches = stored.new_cache(32), wide.new_cache(32)
+    for m, c in zip((stored, wide), caches):
+        m.forward(ids[:3], c)
+    for t in ids[3:6]:
+        np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
+    np.testing.assert_array_equal(stored.forward(ids[:5], caches[0]),
+                                  wide.forward(ids[:5], caches[1]))
+    np.testing.assert_array_equal(widened(stored).logits(ids), wide.logits(ids))
+
+
 def test_float32_and_explicit_dtypes_are_not_kept_16_bit(tmp_path):
     save_checkpoint(random_model(tiny_config()), tmp_path / "f32")
     assert load(tmp_path / "f32", device="cpu").weights["lm_head"].dtype == np.float32

@@ -52,13 +52,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import kernel_available, to_host
 from ..config import ModelConfig, positive_float
 from ..core.drafter import Draft
 from ..core.model import Model, linear
 from ..core.sampling import sample
 from ..errors import MinispecError
-from ..loader import _build_weights, random_model
+from ..loader import _build_weights, as_stored_putter, random_model
 from ..safetensors import SafetensorsFile
 from ..tree import TreeDrafter, tree_layers
 from .files import read_head_dir
@@ -410,8 +410,14 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
         return st.get(name).astype(np.float32)
 
     xp = target.xp
+    # the head's matrices as stored (float16, bfloat16) on the CPU, as loader.load keeps a model's
+    formats = {st.tensors[n].dtype for n in st.keys()
+               if len(st.tensors[n].shape) == 2 and n != "draft_vocab"}
+    as_stored = (as_stored_putter(formats.pop(), target.dtype)
+                 if xp is np and target.dtype == np.float32 and kernel_available()
+                 and len(formats) == 1 else None)
     weights = _build_weights(config, get, lambda a: xp.asarray(np.ascontiguousarray(
-        a, dtype=target.dtype)))
+        a, dtype=target.dtype)), put_linear=as_stored)
     D = config.hidden_size
     fc_w, fc_b = get("fc.weight"), get("fc.bias")
     for name, a, shape_ in (("fc.weight", fc_w, (D, 2 * D)), ("fc.bias", fc_b, (D,))):
@@ -423,6 +429,10 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
             raise MinispecError(f"{st_file}: tensor {name!r} holds NaN or infinite values")
     layer = Model(config, weights, xp=xp, device=target.device, dtype=target.dtype,
                   name=f"eagle:{path.name}")
+    if target.device == "cpu" and getattr(target, "fast_steps", None) is not None:
+        from ..cpu_steps import enable_where_supported  # the target's speed path, its head too
+
+        enable_where_supported(layer)
     return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
                         read_draft_vocab(st, cfg, cfg_file), stop,
                         read_acceptance(cfg, cfg_file), copy)

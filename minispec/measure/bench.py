@@ -183,6 +183,15 @@ def _hf_load(path, device: str):
     return m.to("cuda" if device == "gpu" else "cpu").eval()
 
 
+def _cache_kwarg(model, cache) -> dict:
+    """The KV cache as this transformers' forward takes it: `cache` (5.x renamed it, and warns
+    on the old name) or `past_key_values`."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
+
+
 def hf_time_decode_steps(torch, cases: Sequence[tuple], context: int = 64, repeats: int = 20,
                          warmup: int = 3) -> list[float]:
     """time_decode_steps for transformers models: for each (model, k), the median seconds of a
@@ -193,13 +202,14 @@ def hf_time_decode_steps(torch, cases: Sequence[tuple], context: int = 64, repea
         for model, k in cases:
             ids = torch.arange(context + k, device=model.device)[None] % min(
                 model.config.vocab_size, 256)
-            cache = model(ids[:, :context], use_cache=True).past_key_values
+            out = model(ids[:, :context], use_cache=True)
+            cache = getattr(out, "cache", None) or out.past_key_values
             runs.append((model, ids[:, context:], cache, k))
         times: list[list[float]] = [[] for _ in runs]
         for i in range(warmup + repeats):
             for j, (model, new, cache, k) in enumerate(runs):
                 t0 = time.perf_counter()
-                model(new, past_key_values=cache, use_cache=True)
+                model(new, use_cache=True, **_cache_kwarg(model, cache))
                 if model.device.type == "cuda":
                     torch.cuda.synchronize()
                 if i >= warmup:
