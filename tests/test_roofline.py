@@ -16,7 +16,11 @@ def test_roofline_reports_the_floor_and_the_same_tokens(capsys):
     r = json.loads(capsys.readouterr().out)
     assert r["device"] == "cpu" and list(r["paths"]) == ["plain"]  # no graphs on the CPU
     p = r["paths"]["plain"]
-    assert r["weight_bytes"] > 60e6  # the shipped target: 16M float32 parameters
+    # the shipped target: 16M parameters, read as stored (bfloat16) by default
+    assert 30e6 < r["weight_bytes"] < 34e6 and r["dtype"] == "float32"
+    assert roofline.main(["--repeats", "2", "--new-tokens", "2", "--hf", "off", "--json",
+                          "--device", "cpu", "--dtype", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out)["weight_bytes"] > 60e6  # widened at load
     assert r["floor_step_s"] == pytest.approx(r["weight_bytes"] / (r["read_bandwidth_GBps"] * 1e9))
     assert p["floor_fraction"] == pytest.approx(r["floor_step_s"] / p["step_s"]["1"])
     assert set(p["t_over_t1"]) == {"1", "2", "3", "5", "9", "16"} and p["t_over_t1"]["1"] == 1

@@ -120,7 +120,7 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
     nbytes = 2 * 2**30 if device == "gpu" else 256 * 2**20
     bw = harness.read_bandwidth(nbytes, 10, xp)
     floor = harness.memory_floor(model, bw)
-    report = {"model": display(path), "device": model.device, "dtype": dtype,
+    report = {"model": display(path), "device": model.device, "dtype": str(model.dtype),
               "hardware": gpu_name(xp), "read_bandwidth_GBps": bw / 1e9,
               "copy_bandwidth_GBps": harness.copy_bandwidth(nbytes, 10, xp) / 1e9,
               "weight_bytes": floor["weight_bytes"], "floor_step_s": floor["floor_step_s"],
