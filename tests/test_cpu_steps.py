@@ -19,12 +19,18 @@ from minispec.tree import hidden_tree
 TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
-def _pair(family, seed):
-    """The same random model twice: the plain one and one on the CPU step."""
+def _warm_pair(family, seed, rng, prompt_len):
+    """The same random model twice, the plain one and one on the CPU step, each with a cache
+    holding the same random prompt of prompt_len tokens (none for 0)."""
     plain = random_model(tiny_config(family), seed=seed, scale=0.3)
     fast = random_model(tiny_config(family), seed=seed, scale=0.3)
     cpu_steps.enable(fast)
-    return plain, fast
+    caches = plain.new_cache(48), fast.new_cache(48)
+    if prompt_len:
+        prompt = rng.integers(0, 48, prompt_len).tolist()
+        plain.hidden_states(prompt, caches[0])
+        fast.hidden_states(prompt, caches[1])
+    return plain, fast, caches
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -32,12 +38,8 @@ def test_the_cpu_step_equals_the_plain_step(family):
     """Prefill, then calls of 1..5 tokens with rollbacks between them (stale keys past the cache
     length must stay unseen; mistral's window of 6 hides the oldest): the same hidden states,
     logits and cached keys as Model.hidden_states."""
-    plain, fast = _pair(family, 3)
     rng = np.random.default_rng(0)
-    a_cache, b_cache = plain.new_cache(48), fast.new_cache(48)
-    prompt = rng.integers(0, 48, 6).tolist()
-    plain.hidden_states(prompt, a_cache)
-    fast.hidden_states(prompt, b_cache)
+    plain, fast, (a_cache, b_cache) = _warm_pair(family, 3, rng, 6)
     for t in (1, 3, 5, 2, 1, 4, 1, 1, 3):
         toks = rng.integers(0, 48, t).tolist()
         a, b = plain.hidden_states(toks, a_cache), fast.hidden_states(toks, b_cache)
@@ -61,12 +63,8 @@ TREES = [(1, [-1, 0, 0, 1, 1, 2, 3]),  # (prefix length, parents): Medusa's 2,2,
 def test_a_tree_call_equals_the_plain_tree_call(family, m, parents):
     """minispec.tree.hidden_tree through the CPU step (each node sees the context and its
     ancestors, given as tree bits): the plain call's hidden states and cached keys."""
-    plain, fast = _pair(family, 5)
     rng = np.random.default_rng(3)
-    a_cache, b_cache = plain.new_cache(40), fast.new_cache(40)
-    prompt = rng.integers(0, 48, 7).tolist()
-    plain.hidden_states(prompt, a_cache)
-    fast.hidden_states(prompt, b_cache)
+    plain, fast, (a_cache, b_cache) = _warm_pair(family, 5, rng, 7)
     prefix, tokens = rng.integers(0, 48, m).tolist(), rng.integers(0, 48, len(parents))
     a = hidden_tree(plain, prefix, tokens, parents, a_cache)
     b = hidden_tree(fast, prefix, tokens, parents, b_cache)
@@ -124,9 +122,8 @@ def test_greedy_speculative_equals_autoregressive_on_the_cpu_step(shipped_fast):
 
 def test_calls_the_step_does_not_serve_take_the_plain_path():
     """More than MAX_TOKENS tokens (a prefill) is model.py's call, bit for bit."""
-    plain, fast = _pair("llama", 7)
-    toks = list(range(1, cpu_steps.MAX_TOKENS + 4)) + [1]
-    a, b = plain.new_cache(64), fast.new_cache(64)
+    plain, fast, (a, b) = _warm_pair("llama", 7, np.random.default_rng(1), 0)
+    toks = list(range(1, cpu_steps.MAX_TOKENS + 4))
     assert np.array_equal(fast.hidden_states(toks, b), plain.hidden_states(toks, a))
 
 

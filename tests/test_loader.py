@@ -74,6 +74,19 @@ def test_bf16_exact_values(tmp_path):
     np.testing.assert_array_equal(loaded.weights["embed"], tensors["model.embed_tokens.weight"])
 
 
+def assert_same_logits(stored, wide, tokens):
+    """Every logit the same bits: prefill (NumPy on widened weights), one-token steps and a
+    5-token verify call (the few-rows kernel widening in registers)."""
+    np.testing.assert_array_equal(stored.logits(tokens), wide.logits(tokens))
+    caches = stored.new_cache(32), wide.new_cache(32)
+    for m, c in zip((stored, wide), caches):
+        m.forward(tokens[:2], c)
+    for t in tokens[2:6]:
+        np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
+    np.testing.assert_array_equal(stored.forward(tokens[:5], caches[0]),
+                                  wide.forward(tokens[:5], caches[1]))
+
+
 @pytest.mark.skipif(not kernel_available(), reason="weights stay as stored where numba runs "
                     "the few-rows kernel; without it they are widened at load")
 @pytest.mark.parametrize("family", FAMILIES)
@@ -85,16 +98,7 @@ def test_a_bfloat16_checkpoint_stays_bfloat16_with_the_same_logits(tmp_path, fam
     assert layer["wqkv"].dtype == layer["w_down"].dtype == stored.weights["lm_head"].dtype == BF16
     assert wide.weights["lm_head"].dtype == np.float32 == stored.weights["embed"].dtype
     assert 2 * decode_weight_bytes(stored) - decode_weight_bytes(wide) < 4096  # but the norms
-    # every logit the same bits: prefill (NumPy on widened weights), one-token steps and a
-    # 5-token verify call (the few-rows kernel widening in registers)
-    np.testing.assert_array_equal(stored.logits(TOKENS), wide.logits(TOKENS))
-    caches = stored.new_cache(32), wide.new_cache(32)
-    for m, c in zip((stored, wide), caches):
-        m.forward(TOKENS[:2], c)
-    for t in TOKENS[2:6]:
-        np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
-    np.testing.assert_array_equal(stored.forward(TOKENS[:5], caches[0]),
-                                  wide.forward(TOKENS[:5], caches[1]))
+    assert_same_logits(stored, wide, TOKENS)
     copy = widened(stored)  # float32 copies of the matrices (bench's NumPy-products path)
     head = copy.weights["lm_head"]
     assert head.dtype == np.float32 and head.T.flags.c_contiguous
@@ -115,14 +119,7 @@ def test_a_float16_checkpoint_stays_float16_with_the_same_logits():
     assert layer["wqkv"].dtype == layer["w_down"].dtype == np.float16
     assert wide.weights["layers"][0]["wqkv"].dtype == np.float32
     ids = [5, 17, 300, 12, 9, 41, 2, 77]
-    np.testing.assert_array_equal(stored.logits(ids), wide.logits(ids))
-    caches = stored.new_cache(32), wide.new_cache(32)
-    for m, c in zip((stored, wide), caches):
-        m.forward(ids[:3], c)
-    for t in ids[3:6]:
-        np.testing.assert_array_equal(stored.forward([t], caches[0]), wide.forward([t], caches[1]))
-    np.testing.assert_array_equal(stored.forward(ids[:5], caches[0]),
-                                  wide.forward(ids[:5], caches[1]))
+    assert_same_logits(stored, wide, ids)
     np.testing.assert_array_equal(widened(stored).logits(ids), wide.logits(ids))
 
 
