@@ -265,14 +265,14 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
     calls = [(target, B, k, None, ("verify", B, k)) for B in batch_sizes for k in ks]
     if draft is not None:
         calls += [(draft, B, 1, draft_layers, ("draft", B, 1)) for B in batch_sizes]
-    largest = {key[0]: (model, max(b for m, b, *_ in calls if m is model))
-               for model, _, _, _, key in calls}
-    shared = {name: prepared(model, B) for name, (model, B) in largest.items()}
-    caches = {(key[0], B): shared[key[0]][:B] for _, B, _, _, key in calls}  # calls keep them
+    most = max(batch_sizes)  # every size takes the first B of the same caches (calls keep them)
+    caches = {"verify": prepared(target, most)}
+    if draft is not None:
+        caches["draft"] = prepared(draft, most)
     best = dict.fromkeys([key for *_, key in calls], float("inf"))
     for r in range(repeats + 1):  # pass 0 is the untimed warm-up
         for model, B, k, layers, key in calls:
-            t = timed(model, caches[key[0], B], B, k, layers)
+            t = timed(model, caches[key[0]][:B], B, k, layers)
             best[key] = min(best[key], t) if r else best[key]
     verify = {B: {k: best["verify", B, k] for k in ks} for B in batch_sizes}
     draft_s = {B: best["draft", B, 1] if draft is not None else 0.0 for B in batch_sizes}

@@ -67,7 +67,7 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
 def batch_hidden(model: Model, tokens: list[list[int]], caches: list[KVCache]) -> list:
     """Model.hidden_states for B sequences in one call: feed tokens[b] at caches[b].length..,
     advance each cache -> the last hidden states, one [T_b, D] array per sequence."""
-    if len(caches) == 1 and getattr(model, "fast_steps", None) is not None:  # a CUDA graph
+    if len(caches) == 1 and getattr(model, "fast_steps", None) is not None:  # a speed path
         return [model.hidden_states(tokens[0], caches[0])]
     starts = [c.length for c in caches]
     sizes = [len(t) for t in tokens]

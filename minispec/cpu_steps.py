@@ -6,7 +6,7 @@ operations (RMSNorm alone is eight: a cast, a square, a sum, a division, ...), e
 microsecond or more of Python and dispatch on arrays of a few hundred numbers: about a fifth of
 the step, measured. Here RMSNorm, RoPE with the cache write and attention over the cache are one
 compiled loop each, SiLU(gate) * up is done in place, and the weight products stay
-backend.matmul's few-rows kernel: the step of cuda_graphs.py (`static_hidden`, the same block as
+backend.matmul's few-rows kernel: the step of cuda_graphs.py (`static_layers`, the same block as
 model.block with the positions given as data), with CPU kernels.
 
 Every row's arithmetic is done alone, in the same order whatever the other rows are, so a verify
@@ -35,7 +35,7 @@ MAX_TOKENS = 32  # a call of more tokens (a prefill) takes the plain path: its o
 
 class NumbaKernels(PlainKernels):
     """The pieces of a block as numba loops over NumPy arrays, float32 (weights float32 or kept
-    bfloat16, products by backend.matmul)."""
+    16-bit as stored, products by backend.matmul)."""
 
     def __init__(self):
         super().__init__(np)
@@ -70,7 +70,7 @@ class NumbaKernels(PlainKernels):
         has_tree = tree is not None
         self._k["attention"](qkv, k_cache, v_cache, positions,
                              positions if slots is None else slots,
-                             tree if has_tree else np.zeros(t, np.uint32), has_tree, n_heads,
+                             tree if has_tree else _NO_TREE, has_tree, n_heads,
                              np.float32(1.0 / math.sqrt(e)), window or 0, out)
         return out
 
@@ -107,10 +107,11 @@ def supported(model) -> str | None:
 
 
 class CpuSteps:
-    """Model.hidden_states, Model.run_layers (every layer), Model.lm_head and a tree's call
-    (minispec.tree.hidden_tree) for calls of 1..MAX_TOKENS tokens on a cache, by `static_hidden`
-    with NumbaKernels; None where it does not serve (the caller then takes the plain path). The
-    interface of cuda_graphs.StepGraphs, and run_layers."""
+    """Model.run_layers (every layer: Model.hidden_states reaches it too), Model.lm_head and a
+    tree's call (minispec.tree.hidden_tree) for calls of 1..MAX_TOKENS tokens on a cache, by
+    `static_layers` with NumbaKernels; None where it does not serve (the caller then takes the
+    plain path). What FastModel asks of a speed path (cuda_graphs.StepGraphs serves
+    hidden_states in place of run_layers)."""
 
     def __init__(self, model):
         why = supported(model)
@@ -127,22 +128,9 @@ class CpuSteps:
         if m._inv_freq is not None and top > m._rope_len:
             m._grow_rope(top)
 
-    def hidden_states(self, tokens, cache):
-        m, t, pos = self.model, len(tokens), cache.length
-        if not 1 <= t <= MAX_TOKENS:
-            return None
-        ids = m._token_array(tokens)
-        m._check_span(pos, t, cache)
-        self._tables(pos + t)
-        positions = np.arange(pos, pos + t, dtype=np.int64)
-        h = static_hidden(m, self.kernels, ids, positions, cache)
-        cache.length = pos + t
-        return h
-
     def run_layers(self, h, cache, pos: int, first: int = 0, end: int | None = None):
         m, t = self.model, h.shape[0]
-        if (cache is None or first != 0 or end not in (None, m.n_layers)
-                or not 1 <= t <= MAX_TOKENS or pos < 0 or pos + t > cache.max_len):
+        if cache is None or first != 0 or end not in (None, m.n_layers) or not 1 <= t <= MAX_TOKENS:
             return None  # partial stacks (early exit), no cache, prefills: the plain path
         m._check_span(pos, t, cache)
         self._tables(pos + t)
@@ -175,16 +163,13 @@ def enable(model) -> CpuSteps:
 
 def enable_where_supported(*models) -> None:
     """The speed path for each model that one serves: CUDA graphs on the GPU
-    (cuda_graphs.enable), this file's step on the CPU; None entries and others left plain. What
-    the command line and the benchmarks call after loading."""
-    from . import cuda_graphs
+    (cuda_graphs.enable_where_supported), this file's step on the CPU; None entries and others
+    left plain. What the command line and the benchmarks call after loading."""
+    from .cuda_graphs import enable_where_supported as on_the_gpu
 
+    on_the_gpu(*models)  # cuda_graphs.supported refuses a CPU model, as `supported` a GPU one
     for m in models:
-        if m is None:
-            continue
-        if m.device == "gpu" and cuda_graphs.supported(m) is None:
-            cuda_graphs.enable(m)
-        elif m.device == "cpu" and supported(m) is None:
+        if m is not None and supported(m) is None:
             enable(m)
 
 
@@ -192,6 +177,7 @@ def enable_where_supported(*models) -> None:
 # the kernels: plain Python loops, compiled by numba on first use (cached on disk after that)
 
 _KERNELS: dict | None = None
+_NO_TREE = np.zeros(0, np.uint32)  # the attention kernel's tree bits when the call is a chain
 
 
 def _compiled() -> dict:

@@ -823,9 +823,11 @@ class FastModel(Model):
         return super().lm_head(h, rows)
 
     def hidden_states(self, tokens, cache: KVCache):
-        """Model.hidden_states, a replayed graph for a few tokens."""
-        if self.fast_steps is not None:
-            h = self.fast_steps.hidden_states(tokens, cache)
+        """Model.hidden_states, a replayed graph for a few tokens (the CPU step serves its
+        run_layers call instead)."""
+        serve = getattr(self.fast_steps, "hidden_states", None)
+        if serve is not None:
+            h = serve(tokens, cache)
             if h is not None:
                 return h
         return super().hidden_states(tokens, cache)

@@ -46,9 +46,10 @@ def add_device(ap: argparse.ArgumentParser) -> None:
 
 def add_dtype(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=DTYPES, default=None,
-                    help="compute dtype (default float32, a bfloat16 checkpoint's matrices kept "
-                    "as stored on the CPU; float32: widened at load; float16 is for the GPU, "
-                    "where a verify call's weight products then run on the tensor cores)")
+                    help="compute dtype (default float32, a bfloat16 or float16 checkpoint's "
+                    "matrices kept as stored on the CPU; float32: widened at load; float16 is "
+                    "for the GPU, where a verify call's weight products then run on the tensor "
+                    "cores)")
 
 
 def add_fast_steps(ap: argparse.ArgumentParser) -> None:

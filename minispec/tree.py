@@ -242,9 +242,9 @@ def hidden_tree(model, unseen: list[int], tokens, parents, cache, done: int = 0)
                           np.asarray(tokens, dtype=np.int64)[done:]])  # [T]
     if ids.size and (ids.min() < 0 or ids.max() >= model.vocab_size):
         raise MinispecError(f"hidden_tree: token ids must be in 0..{model.vocab_size - 1}")
-    graphs = getattr(model, "fast_steps", None)  # on the GPU (minispec/cuda_graphs.py)
-    if graphs is not None and not done:  # a replayed graph, if it serves
-        h = graphs.hidden_tree(ids, parents, len(unseen), cache)
+    steps = getattr(model, "fast_steps", None)  # cuda_graphs.py's, or cpu_steps.py's
+    if steps is not None and not done:  # the speed path, if it serves
+        h = steps.hidden_tree(ids, parents, len(unseen), cache)
         if h is not None:
             return h
     positions = tree_positions(cache.length + len(unseen), parents, len(unseen), done)

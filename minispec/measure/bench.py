@@ -204,12 +204,12 @@ def hf_time_decode_steps(torch, cases: Sequence[tuple], context: int = 64, repea
                 model.config.vocab_size, 256)
             out = model(ids[:, :context], use_cache=True)
             cache = getattr(out, "cache", None) or out.past_key_values
-            runs.append((model, ids[:, context:], cache, k))
+            runs.append((model, ids[:, context:], cache, k, _cache_kwarg(model, cache)))
         times: list[list[float]] = [[] for _ in runs]
         for i in range(warmup + repeats):
-            for j, (model, new, cache, k) in enumerate(runs):
+            for j, (model, new, cache, k, kwarg) in enumerate(runs):
                 t0 = time.perf_counter()
-                model(new, use_cache=True, **_cache_kwarg(model, cache))
+                model(new, use_cache=True, **kwarg)
                 if model.device.type == "cuda":
                     torch.cuda.synchronize()
                 if i >= warmup:
