@@ -106,11 +106,13 @@ def test_16_bit_weights_give_the_float32_products_bit_for_bit(name, stored):
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["target up", "odd"])
-def test_a_row_does_not_depend_on_the_rows_beside_it(name):
-    # 1 row, 2..32 rows and the tails go through three loops that sum each dot product alike,
+@pytest.mark.parametrize("stored", [None, as_bf16, as_f16])
+@pytest.mark.parametrize("name", SHAPES)
+def test_a_row_does_not_depend_on_the_rows_beside_it(name, stored):
+    # 1 row, 2..32 rows and the tails go through four loops that sum each dot product alike,
     # so a verify call's products equal, bit for bit, the same rows sent alone or in another group
     w = weight(*SHAPES[name])
+    w = w if stored is None else stored(w)
     x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
     y = matmul(x, w)
     for t in range(1, KERNEL_MAX_ROWS):
