@@ -376,8 +376,8 @@ def workload_header(command: str, reports: dict, temperature: str | None) -> lis
         f"prompts    {s['num_prompts']} per workload (weights/workloads/), max_new_tokens "
         f"{s['max_new_tokens']}, temperature {s['temperature']}, gamma {s['gamma']} (auto "
         f"{AUTO_GAMMA}; hf prompt lookup: prompt_lookup_num_tokens {s['gamma']})",
-        f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
-        "interleaved), medians; each workload its own run"]
+        f"timing     {s['warmup']} warm-up run per method, {s['repeats']} timed passes "
+        "(methods interleaved), medians; each workload its own run"]
 
 
 def plot_title(reports: dict, temperature: str | None) -> str:

@@ -414,6 +414,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                      "num_prompts": len(prompts), "prompt_tokens": [min(lens), max(lens)],
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                      "gamma": gamma, "repeats": args.repeats, "device": target.device,
+                     "warmup": 0 if args.quick else 1,  # --quick: outputs and counts only
                      "weight_products": _products(target), "hf": use_hf},
         "target": {"family": target.config.family, "layers": target.n_layers,
                    "hidden": target.config.hidden_size, "vocab": target.vocab_size,
@@ -456,7 +457,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                 methods["hf assisted"] = _hf_generator(torch, hf_target, assistant=fixed, **kw)
                 methods["hf assisted (hf defaults)"] = _hf_generator(
                     torch, hf_target, assistant=_hf_load(args.assistant, args.device), **kw)
-        timed = harness.time_methods(methods, prompts, args.repeats)
+        timed = harness.time_methods(methods, prompts, args.repeats,
+                                     warmup=not args.quick)
     report["costs"] = costs
     base = timed["minispec autoregressive"]
     report["generation"] = {
@@ -505,8 +507,8 @@ def format_without_draft(report: dict) -> str:
         (f"prompts    {s['num_prompts']} of {s['prompt_tokens'][0]}-{s['prompt_tokens'][1]} "
          f"tokens, max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}, "
          f"gamma {s['gamma']} (prompt lookup: prompt_lookup_num_tokens {s['gamma']})"),
-        (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
-         "interleaved), medians"),
+        (f"timing     {s['warmup']} warm-up run per method, {s['repeats']} timed passes "
+         "(methods interleaved), medians"),
         "",
         (f"target decode step {c['target_step_s'] * ms:.2f} ms, a verify call of "
          f"{s['gamma'] + 1} tokens {c['verify_s'] * ms:.2f} ms "

@@ -354,16 +354,16 @@ def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, ga
     return timed, costs
 
 
-def time_methods(methods: dict, prompts, repeats: int, between=None) -> dict:
-    """Warm each method up on one prompt, then time `repeats` passes over all prompts, the
-    methods interleaved pass by pass so that a noisy neighbour slows them all alike; between()
-    (if given) runs before each round of passes.
+def time_methods(methods: dict, prompts, repeats: int, between=None, warmup=True) -> dict:
+    """Warm each method up on one prompt (unless warmup is False), then time `repeats` passes
+    over all prompts, the methods interleaved pass by pass so that a noisy neighbour slows them
+    all alike; between() (if given) runs before each round of passes.
 
     methods: {name: generate(prompt ids) -> result with .tokens (and .stats, optional)}.
     Returns {name: {"seconds" (median per pass), "pass_seconds", "new_tokens",
     "tokens_per_second", "outputs", "results" (the last pass's), "stats" (summed, if any)}}.
     """
-    for generate in methods.values():
+    for generate in methods.values() if warmup else ():
         generate(list(prompts[0]))
     passes: dict[str, list[float]] = {name: [] for name in methods}
     last: dict[str, list] = {}
