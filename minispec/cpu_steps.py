@@ -15,8 +15,8 @@ path does; the values differ from the plain path's in the last bits (a sum's ord
 tests/test_cpu_steps.py bounds. `enable(model)` hangs the path on a model (the command line and
 the benchmarks do it through `enable_where_supported`, as they turn on CUDA graphs on a GPU; a
 model from minispec.load takes the plain path until then); calls of up to MAX_TOKENS tokens on
-a cache, chains and trees, take it; prefill, batches of several sequences and everything else
-take the plain path.
+a cache, chains and trees, and batches of several sequences of up to MAX_TOKENS tokens each
+(batch_forward.py's call) take it; prefill and everything else take the plain path.
 """
 
 from __future__ import annotations
@@ -27,7 +27,15 @@ import numpy as np
 
 from .backend import kernel_available, matmul
 from .core.model import Model
-from .cuda_graphs import PlainKernels, static_head, static_hidden, static_layers, tree_inputs, use
+from .cuda_graphs import (
+    PlainKernels,
+    static_block,
+    static_head,
+    static_hidden,
+    static_layers,
+    tree_inputs,
+    use,
+)
 from .errors import MinispecError
 
 MAX_TOKENS = 32  # a call of more tokens (a prefill) takes the plain path: its overhead is small
@@ -91,6 +99,29 @@ class NumbaKernels(PlainKernels):
         return self.linear(t, p["w_down"], p["b_down"], res=res)
 
 
+class _BatchKernels:
+    """NumbaKernels for B sequences' rows laid end to end (rows bounds[b]..bounds[b+1] are
+    sequence b's): norms and products over every row at once, RoPE with the cache write and
+    attention sequence by sequence, on that sequence's own caches (k_cache, v_cache: lists)."""
+
+    def __init__(self, kernels, bounds):
+        self.k, self.bounds = kernels, bounds
+        self.norm, self.linear, self.mlp = kernels.norm, kernels.linear, kernels.mlp
+
+    def _rows(self):
+        return zip(self.bounds[:-1], self.bounds[1:])
+
+    def rope_store(self, qkv, tables, k_caches, v_caches, positions, n_heads, n_kv, slots=None):
+        for (a, b), k_cache, v_cache in zip(self._rows(), k_caches, v_caches):
+            self.k.rope_store(qkv[a:b], tables, k_cache, v_cache, positions[a:b], n_heads, n_kv)
+
+    def attention(self, qkv, k_caches, v_caches, positions, n_heads, window, slots=None,
+                  tree=None):
+        return np.concatenate([
+            self.k.attention(qkv[a:b], k_cache, v_cache, positions[a:b], n_heads, window)
+            for (a, b), k_cache, v_cache in zip(self._rows(), k_caches, v_caches)])
+
+
 def supported(model) -> str | None:
     """Why the CPU step cannot serve this model, or None when it can."""
     if model.device != "cpu":
@@ -140,6 +171,27 @@ class CpuSteps:
         if not 1 <= h.shape[0] <= MAX_TOKENS:
             return None
         return static_head(self.model, self.kernels, h)
+
+    def batch_layers(self, h, caches, starts, sizes):
+        """Every layer for B sequences (batch_forward.batch_run_layers): rows h [N, D], sequence
+        b's sizes[b] rows at positions starts[b].. on caches[b], laid end to end. Norms, weight
+        products and the MLP see all N rows; RoPE with the cache write and attention are one
+        numba call per sequence. None when a sequence feeds more than MAX_TOKENS tokens."""
+        m = self.model
+        if not sizes or max(sizes) > MAX_TOKENS or min(sizes) < 1:
+            return None
+        for cache, pos, t in zip(caches, starts, sizes):
+            m._check_span(pos, t, cache)
+        self._tables(max(p + t for p, t in zip(starts, sizes)))
+        positions = np.concatenate([np.arange(p, p + t, dtype=np.int64)
+                                    for p, t in zip(starts, sizes)])
+        kernels = _BatchKernels(self.kernels, np.cumsum([0, *sizes]).tolist())
+        w = m.weights
+        tables = None if m._inv_freq is None else (m._cos, m._sin)
+        for i in range(m.n_layers):
+            h = static_block(kernels, h, w["layers"][i], m.config, tables,
+                             [c.k[i] for c in caches], [c.v[i] for c in caches], positions)
+        return h
 
     def hidden_tree(self, ids, parents, m: int, cache):
         model, t = self.model, len(ids)
