@@ -120,11 +120,12 @@ def test_greedy_speculative_equals_autoregressive_on_the_cpu_step(shipped_fast):
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_batch_gives_each_sequence_its_own_step_bit_for_bit(family):
     """B sequences at their own positions, 1..5 tokens each, in one batched call on the CPU
     step: each sequence's rows and cached keys are those of its own call, bit for bit, and
-    agree with model.py's plain batched call (mistral's window of 6 hides the oldest keys)."""
+    agree with model.py's plain batched call, every family (mistral's window of 6 hides the
+    oldest keys)."""
     from minispec.batch_forward import batch_hidden
 
     rng = np.random.default_rng(2)
