@@ -234,7 +234,8 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
     Each B is timed at k in CALIBRATED_K and max_k (a verify call's cost is close to linear in
     k between them: the products' rows), `repeats` times, in passes over all of them (so a
     burst of load on a shared machine hits every size a little rather than one size a lot),
-    after one untimed call; the fastest time is kept (interference only ever adds time), then
+    after one untimed call (a draft step right after another, as a round runs them, its
+    weights still in the caches); the fastest time is kept (interference only ever adds time), then
     made monotone: a cost is raised to the largest kept for fewer tokens or a smaller batch.
     A batch of one is timed through the model's own call, as the decoder runs it (batch_hidden:
     the CPU step or a CUDA graph where the model has one).
@@ -273,6 +274,8 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
     for r in range(repeats + 1):  # pass 0 is the untimed warm-up
         for model, B, k, layers, key in calls:
             t = timed(model, caches[key[0]][:B], B, k, layers)
+            if key[0] == "draft":  # a round's draft steps run back to back: time a warm one
+                t = timed(model, caches[key[0]][:B], B, k, layers)  # (the first, cold: 2-4x)
             best[key] = min(best[key], t) if r else best[key]
     verify = {B: {k: best["verify", B, k] for k in ks} for B in batch_sizes}
     draft_s = {B: best["draft", B, 1] if draft is not None else 0.0 for B in batch_sizes}

@@ -26,10 +26,28 @@ def test_crossover_report():
         assert row["plain"]["tokens"] == row["batch"] * 6
         assert row["plain"]["mean_gamma"] == 0 and row["speculative"]["mean_gamma"] <= 2
         assert all(row[m]["tokens_per_second"] > 0 for m in crossover.METHODS)
+        assert all(row[m]["decode_tokens_per_second"] > 0 for m in crossover.METHODS)
     assert set(r["costs"]["verify"]) == {"1", "3"}
     text = crossover.format_crossover(r)
     assert "speculation stops paying at batch" in text and "k=3" in text
+    decode = text.split("the decode phase")[1].splitlines()[2:4]  # batch 1 and 3
+    assert [line.split()[0] for line in decode] == ["1", "3"]
+    assert decode[0].split()[4] == "1.00"  # plain at batch 1 over itself
     json.dumps(r)
+
+
+def test_the_decode_rate_counts_tokens_after_the_first_round_over_the_batchs_rounds():
+    # round i of the batch took the longest any sequence recorded for its round i
+    from types import SimpleNamespace as N
+
+    def result(*rounds):  # (tokens emitted, draft seconds, verify seconds) per round
+        return N(stats=N(rounds=[N(emitted=[0] * n, draft_seconds=d, verify_seconds=v)
+                                 for n, d, v in rounds]))
+
+    a = result((1, 0.0, 9.0), (3, 0.1, 0.2), (2, 0.1, 0.3))
+    b = result((1, 0.0, 9.0), (1, 0.1, 0.4))  # finished after its second round
+    assert crossover.decode_rate([a, b]) == (3 + 2 + 1) / ((0.1 + 0.4) + (0.1 + 0.3))
+    assert crossover.decode_rate([result((1, 0.0, 1.0))]) == 0.0  # no round after the first
 
 
 def test_serve_report_counts_every_request():

@@ -60,17 +60,20 @@ def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA
                 "load-aware": lambda: generate_batch(target, draft, batch, gamma="load-aware",
                                                      **kw)}
         times: dict[str, list[float]] = {m: [] for m in METHODS}
+        decode: dict[str, list[float]] = {m: [] for m in METHODS}
         out = {}
         for _ in range(repeats):  # methods in turn, so a change of load hits all alike
             for m, run in runs.items():
                 t0 = time.perf_counter()
                 out[m] = run()
                 times[m].append(time.perf_counter() - t0)
+                decode[m].append(decode_rate(out[m]))
         row = {"batch": B}
         for m in METHODS:
             tokens = sum(len(r.tokens) for r in out[m])
             rounds = [rd for r in out[m] for rd in r.stats.rounds]
             row[m] = {"tokens_per_second": tokens / harness.median(times[m]),
+                      "decode_tokens_per_second": harness.median(decode[m]),
                       "tokens": tokens, "mean_gamma": float(np.mean([rd.gamma for rd in rounds])),
                       "alpha": harness.per_token_alpha(out[m])}
         row["identical"] = all(a.tokens == b.tokens == c.tokens
@@ -87,6 +90,22 @@ def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA
                                  for b, ks in costs.verify.items()},
                       "draft": {str(b): t for b, t in costs.draft.items()}},
             "rows": rows, "crossover": _crossover_batch(rows)}
+
+
+def decode_rate(results) -> float:
+    """New tokens per second of a batch's decode phase: after its first round, which holds every
+    prompt's prefill (a compute-bound call that batching does not make cheaper). From
+    generate_batch's results, whose rounds carry the batch's timings: round i of the batch took
+    the longest time any sequence recorded for its round i (each records the time until its
+    own verify was settled)."""
+    steps: dict[int, float] = {}
+    tokens = 0
+    for r in results:
+        for i, rd in enumerate(r.stats.rounds[1:]):
+            tokens += len(rd.emitted)
+            steps[i] = max(steps.get(i, 0.0), rd.draft_seconds + rd.verify_seconds)
+    seconds = sum(steps.values())
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def _crossover_batch(rows) -> int | None:
@@ -156,6 +175,17 @@ def format_crossover(report: dict) -> str:
                      f"{la / max(p, sp):10.2f} {r['speculative']['alpha']:6.3f}")
     x = report["crossover"]
     lines.append("speculation stops paying at batch " + (str(x) if x else "(not within these)"))
+    lines.append("")
+    lines.append("the decode phase (after the batch's first round, which holds every prompt's "
+                 "prefill): tokens per second")
+    lines.append(f"{'batch':>5} {'plain':>9} {'spec':>9} {'load-aware':>10} {'plain/B1':>9} "
+                 f"{'spec/plain':>10} {'aware/best':>10}")
+    first = report["rows"][0]["plain"]["decode_tokens_per_second"] if report["rows"] else 0.0
+    for r in report["rows"]:
+        p, sp, la = (r[m]["decode_tokens_per_second"] for m in METHODS)
+        lines.append(f"{r['batch']:>5} {p:9.1f} {sp:9.1f} {la:10.1f} "
+                     f"{p / first if first else 0.0:9.2f} {sp / p if p else 0.0:10.2f} "
+                     f"{la / max(p, sp) if max(p, sp) else 0.0:10.2f}")
     lines.append("")
     lines.append("the verify-cost curve: t(B sequences x k tokens in one target call) / "
                  "t(1 x 1), and a draft step t_draft(B) / t(1 x 1)")
