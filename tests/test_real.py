@@ -60,6 +60,32 @@ def test_the_cache_is_made_once_then_reused(tmp_path):
         converted(gguf, cache, convert=_fake_convert(calls))
 
 
+def test_a_bf16_conversion_has_a_cache_of_its_own(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    cache, calls = tmp_path / "cache" / "m", []
+
+    def convert(src, out, bf16=False):
+        calls.append(bf16)
+        (Path(out) / "config.json").write_text("{}")
+
+    assert converted(gguf, cache, convert=convert, bf16=True) == cache
+    assert calls == [True]
+    assert json.loads((cache / SOURCE_FILE).read_text())["bf16"] is True
+    assert converted(gguf, cache, convert=convert, bf16=True) == cache and calls == [True]
+    with pytest.raises(MinispecError, match="--cache .*holds a conversion of"):
+        converted(gguf, cache, convert=convert)  # a float32 one is not taken from it
+    with pytest.raises(MinispecError, match="--bf16: converts a GGUF"):
+        model_dir(None, str(tmp_path), None, bf16=True)
+    monkeypatch.setenv("MINISPEC_CACHE", str(tmp_path / "smol"))
+    with pytest.raises(MinispecError, match=f"--gguf {tmp_path}/missing.gguf: no such file"):
+        model_dir(str(tmp_path / "missing.gguf"), None, None, bf16=True)
+    assert not (tmp_path / "smol-bf16").exists()
+    from minispec.real import _cache
+
+    assert _cache(None, True) == tmp_path / "smol-bf16" and _cache(None, False) == tmp_path / "smol"
+
+
 def test_an_interrupted_conversion_leaves_no_directory(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF fake")
