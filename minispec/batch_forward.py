@@ -50,13 +50,13 @@ def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],
     caller."""
     xp, config = model.xp, model.config
     end = model.n_layers if end is None else end
+    for cache, pos, t in zip(caches, starts, sizes):
+        model._check_span(pos, t, cache)
     serve = getattr(getattr(model, "fast_steps", None), "batch_layers", None)
     if serve is not None and first == 0 and end == model.n_layers:  # the CPU step (cpu_steps.py)
         out = serve(h, caches, starts, sizes)
         if out is not None:
             return out
-    for cache, pos, t in zip(caches, starts, sizes):
-        model._check_span(pos, t, cache)
     positions = np.concatenate([np.arange(pos, pos + t) for pos, t in zip(starts, sizes)])
     rot = model.rope_rows(positions)  # 2 x [N, E/2], or None
     window = config.sliding_window

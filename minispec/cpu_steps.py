@@ -22,6 +22,7 @@ a cache, chains and trees, and batches of several sequences of up to MAX_TOKENS 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -29,7 +30,6 @@ from .backend import kernel_available, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
-    static_block,
     static_head,
     static_hidden,
     static_layers,
@@ -176,22 +176,19 @@ class CpuSteps:
         """Every layer for B sequences (batch_forward.batch_run_layers): rows h [N, D], sequence
         b's sizes[b] rows at positions starts[b].. on caches[b], laid end to end. Norms, weight
         products and the MLP see all N rows; RoPE with the cache write and attention are one
-        numba call per sequence. None when a sequence feeds more than MAX_TOKENS tokens."""
+        numba call per sequence. None when a sequence feeds more than MAX_TOKENS tokens. The
+        caller has checked that every span fits its cache."""
         m = self.model
         if not sizes or max(sizes) > MAX_TOKENS or min(sizes) < 1:
             return None
-        for cache, pos, t in zip(caches, starts, sizes):
-            m._check_span(pos, t, cache)
         self._tables(max(p + t for p, t in zip(starts, sizes)))
         positions = np.concatenate([np.arange(p, p + t, dtype=np.int64)
                                     for p, t in zip(starts, sizes)])
         kernels = _BatchKernels(self.kernels, np.cumsum([0, *sizes]).tolist())
-        w = m.weights
-        tables = None if m._inv_freq is None else (m._cos, m._sin)
-        for i in range(m.n_layers):
-            h = static_block(kernels, h, w["layers"][i], m.config, tables,
-                             [c.k[i] for c in caches], [c.v[i] for c in caches], positions)
-        return h
+        layers = range(m.n_layers)  # static_layers reads cache.k[i]: here, every sequence's
+        batch = SimpleNamespace(k=[[c.k[i] for c in caches] for i in layers],
+                                v=[[c.v[i] for c in caches] for i in layers])
+        return static_layers(m, kernels, h, positions, batch)
 
     def hidden_tree(self, ids, parents, m: int, cache):
         model, t = self.model, len(ids)

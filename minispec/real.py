@@ -144,7 +144,8 @@ def _cache(cache: str | None, bf16: bool) -> Path:
     """--cache, else the default cache (with --bf16, beside it, its name ending in -bf16)."""
     if cache is not None:
         return Path(cache)
-    return default_cache().with_name(default_cache().name + "-bf16") if bf16 else default_cache()
+    default = default_cache()
+    return default.with_name(default.name + "-bf16") if bf16 else default
 
 
 def has_heads(target: Path) -> bool:
