@@ -157,7 +157,11 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
     wt = w.T if w.dtype != F16 else w.T.view(np.int16)  # numba reads float16 as int16 bits
-    _kernels[x.shape[0] == 1](np.ascontiguousarray(x), wt, y)  # one row: its own loop
+    x = np.ascontiguousarray(x)
+    if x.shape[0] == 1:
+        _kernels[1](x, wt, y)  # one row: its own loop
+    else:  # float32 weights, 2..8 rows: the prefetch loop with a count given at run time
+        _kernels[0](x, wt, y, 4 if w.dtype == np.float32 and x.shape[0] <= 8 else 0)
     return y
 
 
@@ -208,27 +212,39 @@ def _compiled() -> bool:
 # below keeps 8 accumulators (8 outputs), and so the same sums.
 
 
-def _rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
+def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers
     # (an odd last row is paired with itself). The 4 weight rows are read from memory once, then
     # from the L1 cache for the other row pairs; meanwhile the next 4 rows are prefetched into
     # L2, a share per pass, so the memory keeps streaming while the core multiplies: the
     # hardware prefetcher does not follow 4 short interleaved streams (without these prefetches
     # a step's products took 2.3x as long, measured with bfloat16 weights on the shipped
-    # target's shapes).
+    # target's shapes). `ahead` > 0: the 4 prefetches of a line go through a loop whose count
+    # (ahead = 4) is known only at run time, which _run_kernel asks for float32 weights and 2..8
+    # rows: SmolLM2's float32 calls of 2, 3, 4 and 5 tokens then took 31, 28, 28 and 33 ms
+    # against 36, 37, 38 and 40 ms with the prefetches written out side by side (the one-token
+    # step 28-29 ms either way; a script alternating the two loops' calls, one thread, an AMD
+    # EPYC). Why is not known: the loop likely spaces the prefetches out. For 16-bit weights,
+    # or 9+ rows, or one float32 row (its own loop), the loop was as fast or slower (up to 1.1x;
+    # weights/README.md lists what was tried).
     t, d = x.shape
     f = wt.shape[0]
     last = t - 1
     lines = (d + 15) // 16  # 16 weights apart: each float32 line, each half bfloat16 line
     passes = (t + 1) // 2
+    spread = ahead > 0
     for o in range(0, f - f % 4, 4):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
         for r in range(0, t, 2):
             x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
             share = r // 2
             for c in range(lines * share // passes, lines * (share + 1) // passes):
-                for j in range(4):
-                    _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+                if spread:  # a count known only at run time (see above)
+                    for j in range(ahead):
+                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+                else:
+                    for j in range(4):
+                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
             for i in range(d):
                 v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
