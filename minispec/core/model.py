@@ -87,9 +87,13 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
         inv = llama3_inv_freq(inv, rs)
     elif rs["rope_type"] == "yarn":
         inv = yarn_inv_freq(inv, rs, config.rope_theta)
-    if not np.isfinite(inv).all():  # cos(inf) is NaN: every logit would be
+    last = max(config.max_position_embeddings - 1, 1)  # cos(inf) is NaN: every logit would be
+    with np.errstate(over="ignore"):
+        angles_fit = np.isfinite(inv).all() and np.isfinite(inv * last).all()
+    if not angles_fit:
         raise MinispecError(f"ModelConfig.rope_theta {config.rope_theta} with rope_scaling "
-                            f"{config.rope_scaling}: the RoPE frequencies are not finite")
+                            f"{config.rope_scaling}: the RoPE frequencies are not finite (or "
+                            f"their angles at position {last}, max_position_embeddings - 1)")
     return inv
 
 
