@@ -142,6 +142,8 @@ def test_the_shipped_head_drafts_for_the_shipped_target_exactly():
         out = minispec.speculative_generate(target, drafter, ids, gamma=4, max_new_tokens=32,
                                             temperature=0.0)
         assert out.tokens == base.tokens
+        # the head's tied LM head is the target's embedding, not a copy of it (113 MB on SmolLM2)
+        assert np.shares_memory(drafter.layer.weights["lm_head"], target.weights["embed"])
 
 
 def test_eagle_drafts_for_a_batch_with_a_state_per_sequence():

@@ -416,6 +416,9 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
     as_stored = (as_stored_putter(formats.pop(), target.dtype)
                  if xp is np and target.dtype == np.float32 and kernel_available()
                  and len(formats) == 1 else None)
+    if as_stored is not None:  # the target's own embedding, the tied LM head: no copy of it
+        put_stored, own = as_stored, {id(a) for a in shared.values()}
+        as_stored = lambda a: a if id(a) in own else put_stored(a)  # noqa: E731
     weights = _build_weights(config, get, lambda a: xp.asarray(np.ascontiguousarray(
         a, dtype=target.dtype)), put_linear=as_stored)
     D = config.hidden_size
