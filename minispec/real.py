@@ -110,7 +110,10 @@ def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = Fa
     try:
         print(f"converting {gguf.name} into {cache} (once; later runs reuse it)",
               file=sys.stderr, flush=True)
-        convert(gguf, tmp, bf16=True) if bf16 else convert(gguf, tmp)
+        if bf16:
+            convert(gguf, tmp, bf16=True)
+        else:
+            convert(gguf, tmp)  # (a `convert` of one's own need not take bf16)
         (tmp / SOURCE_FILE).write_text(json.dumps(_source(gguf, bf16)) + "\n")
         tmp.rename(cache)
     except BaseException:

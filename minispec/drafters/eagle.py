@@ -416,11 +416,13 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
     as_stored = (as_stored_putter(formats.pop(), target.dtype)
                  if xp is np and target.dtype == np.float32 and kernel_available()
                  and len(formats) == 1 else None)
-    if as_stored is not None:  # the target's own embedding, the tied LM head: no copy of it
-        put_stored, own = as_stored, {id(a) for a in shared.values()}
-        as_stored = lambda a: a if id(a) in own else put_stored(a)  # noqa: E731
+    own = {id(a) for a in shared.values()}
+
+    def put_linear(a):  # the target's own embedding (the tied LM head) as it is: no copy of it
+        return a if id(a) in own else as_stored(a)
+
     weights = _build_weights(config, get, lambda a: xp.asarray(np.ascontiguousarray(
-        a, dtype=target.dtype)), put_linear=as_stored)
+        a, dtype=target.dtype)), put_linear=put_linear if as_stored is not None else None)
     D = config.hidden_size
     fc_w, fc_b = get("fc.weight"), get("fc.bias")
     for name, a, shape_ in (("fc.weight", fc_w, (D, 2 * D)), ("fc.bias", fc_b, (D,))):
