@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
 import os
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -75,6 +76,54 @@ def to_host(a) -> np.ndarray:
         return a
     get = getattr(a, "get", None)  # cupy.ndarray.get() copies device -> host
     return get() if callable(get) else np.asarray(a)
+
+
+# ---- where the weights live ----------------------------------------------------------------
+
+
+class Arena:
+    """Weight matrices copied side by side into large blocks of memory, each matrix starting on
+    a cache line, in the order the caller puts them (a step's order: one stream).
+
+    Each matrix of a small model is a few MB, an allocation of its own: 4 KB pages (NumPy asks
+    the kernel for 2 MB pages only for arrays of 4 MB or more, and not for those malloc serves
+    from its heap) and rows that straddle cache lines (malloc aligns to 16 bytes). A decode step
+    that streams every weight then walks a new page table entry every 4 KB. The arena's blocks
+    are anonymous memory maps of 64 MB marked for 2 MB pages (`madvise(MADV_HUGEPAGE)`, which
+    the kernel honours where transparent huge pages are `madvise` or `always`). Values are
+    unchanged: only where they live.
+    """
+
+    BLOCK = 64 << 20
+    ALIGN = 64
+    PAGE = 2 << 20
+
+    def __init__(self) -> None:
+        self._block: np.ndarray | None = None
+        self._used = 0
+
+    def put(self, a: np.ndarray) -> np.ndarray:
+        """A C-contiguous copy of `a` in the arena (a block of its own if larger than one)."""
+        start = 0 if self._block is None else -(-self._used // self.ALIGN) * self.ALIGN
+        if self._block is None or start + a.nbytes > len(self._block):
+            self._block, start = self._new_block(max(self.BLOCK, a.nbytes)), 0
+        self._used = start + a.nbytes
+        out = self._block[start:self._used].view(a.dtype).reshape(a.shape)
+        out[...] = a
+        return out
+
+    def _new_block(self, nbytes: int) -> np.ndarray:
+        # a map of one page more than asked, used from its first 2 MB boundary (the map is
+        # 4 KB-aligned); marked before anything is written, so the pages come 2 MB at a time
+        private = getattr(mmap, "MAP_PRIVATE", None)  # Unix: not shared memory (no 2 MB pages)
+        m = (mmap.mmap(-1, nbytes + self.PAGE) if private is None
+             else mmap.mmap(-1, nbytes + self.PAGE, flags=private))
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
+            with contextlib.suppress(OSError):  # a kernel built without huge pages: 4 KB ones
+                m.madvise(mmap.MADV_HUGEPAGE)
+        raw = np.frombuffer(m, np.uint8)  # keeps the map alive as long as any view of it
+        skip = -raw.ctypes.data % self.PAGE
+        return raw[skip:skip + nbytes]
 
 
 # ---- the weight products -------------------------------------------------------------------

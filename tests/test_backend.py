@@ -12,6 +12,7 @@ from minispec.backend import (
     BF16,
     F16,
     KERNEL_MAX_ROWS,
+    Arena,
     few_rows_matmul,
     kernel_available,
     matmul,
@@ -167,6 +168,39 @@ def test_the_shipped_weights_are_stored_one_output_per_row():
     for name in ("wqkv", "wo", "w_gate", "w_up", "w_down"):
         assert layer[name].T.flags.c_contiguous, name
     assert model.weights["lm_head"].T.flags.c_contiguous
+
+
+def test_the_arena_holds_the_same_values_on_cache_lines():
+    arena = Arena()
+    arena.BLOCK = 1 << 20  # small blocks, so that the test fills one and starts another
+    arrays = [RNG.standard_normal((33, 7), dtype=np.float32),
+              RNG.integers(0, 2**16, (600, 700)).astype(BF16),  # 840 KB: the next block
+              RNG.standard_normal((5,)).astype(F16), weight(37, 13).T,
+              RNG.standard_normal((1200, 500), dtype=np.float32)]  # larger than a block
+    held = [arena.put(a) for a in arrays]
+    for a, h in zip(arrays, held):
+        assert h.dtype == a.dtype and h.shape == a.shape and h.flags.c_contiguous
+        assert np.array_equal(h, a) and h.ctypes.data % 64 == 0
+    held[0][0, 0] = 1.0  # a copy: the original is untouched, the neighbours too
+    assert arrays[0][0, 0] != 1.0 and np.array_equal(held[1], arrays[1])
+
+
+def test_the_loaded_matrices_live_in_the_arena_a_tied_head_in_the_embedding():
+    # the shipped target's tied head is a bfloat16 copy (its embedding is float32): in the arena
+    model = load(SHIPPED / "target", device="cpu")
+    matrices = [layer[n] for layer in model.weights["layers"]
+                for n in ("wqkv", "wo", "w_gate", "w_up", "w_down")] + [model.weights["lm_head"]]
+    assert all(w.ctypes.data % 64 == 0 for w in matrices)
+    # one stream in a step's order: each matrix after the one before, at most a few vectors of
+    # D = 512 (a norm's weights, the embedding before the head) and a cache line between them
+    ends = [w.ctypes.data + w.nbytes for w in matrices[:-1]]
+    gaps = [w.ctypes.data - e for e, w in zip(ends, matrices[1:])]
+    assert all(0 <= g <= 2 * (512 * 4 + 64) for g in gaps[:-1]), gaps
+    assert gaps[-1] == -(-(4096 * 512 * 4 + 512 * 4) // 64) * 64  # the embedding, the final norm
+    plain = load(SHIPPED / "target", device="cpu", dtype="float32")
+    head, embed = plain.weights["lm_head"], plain.weights["embed"]
+    assert head.ctypes.data == embed.ctypes.data and head.strides == embed.T.strides  # tied: a view
+    assert np.array_equal(widen(matrices[0].T), plain.weights["layers"][0]["wqkv"].T)
 
 
 def test_without_numba_the_model_runs_on_numpy():
