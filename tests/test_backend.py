@@ -172,11 +172,12 @@ def test_the_shipped_weights_are_stored_one_output_per_row():
 
 def test_the_arena_holds_the_same_values_on_cache_lines():
     arena = Arena()
-    arena.BLOCK = 1 << 20  # small blocks, so that the test fills one and starts another
+    arena.BLOCK = 1 << 20  # small blocks, so that the test fills one and starts others
     arrays = [RNG.standard_normal((33, 7), dtype=np.float32),
-              RNG.integers(0, 2**16, (600, 700)).astype(BF16),  # 840 KB: the next block
+              RNG.integers(0, 2**16, (600, 700)).astype(BF16),  # 840 KB: the same block
               RNG.standard_normal((5,)).astype(F16), weight(37, 13).T,
-              RNG.standard_normal((1200, 500), dtype=np.float32)]  # larger than a block
+              RNG.standard_normal((1200, 500), dtype=np.float32),  # 2.4 MB: a block of its own
+              RNG.standard_normal((300, 300), dtype=np.float32)]  # 360 KB: the next block
     held = [arena.put(a) for a in arrays]
     for a, h in zip(arrays, held):
         assert h.dtype == a.dtype and h.shape == a.shape and h.flags.c_contiguous
