@@ -16,6 +16,8 @@ from typing import Any
 
 from .errors import MinispecError
 
+FLOAT32_MAX = 3.4028234663852886e38  # the largest float32: norm statistics are float32
+
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gpt2")
 
 # model_type values (and the architectures spelled in config.json) that map onto each family
@@ -126,6 +128,9 @@ class ModelConfig:
                 f"{self.sliding_window!r}"
             )
         self.norm_eps = positive_float(self.norm_eps, "ModelConfig.norm_eps")
+        if self.norm_eps > FLOAT32_MAX:  # the norms' statistics are float32: it would be inf
+            raise MinispecError(f"ModelConfig.norm_eps: expected a positive number float32 "
+                                f"holds (<= 3.4e38), got {self.norm_eps!r:.60}")
         self.rope_theta = positive_float(self.rope_theta, "ModelConfig.rope_theta")
         if self.family != "gpt2":
             _check_theta(self.rope_theta, self.head_dim, "ModelConfig.rope_theta")

@@ -270,7 +270,10 @@ def test_huge_numbers_elsewhere_and_rope_theta_too_small_for_its_frequencies():
                                             "small that its RoPE frequencies overflow"):
         ModelConfig.from_hf({**LLAMA, "rope_theta": 5e-324}, "x/config.json")
     assert ModelConfig.from_hf({**LLAMA, "rope_theta": 1e-300}).rope_theta == 1e-300
-    assert ModelConfig(norm_eps=10**300).norm_eps == 1e300  # big, but a float
+    # a float, but not a float32: the norm's float32 statistics would divide by infinity
+    with pytest.raises(MinispecError, match="ModelConfig.norm_eps: .*float32 holds"):
+        ModelConfig(norm_eps=10**300)
+    assert ModelConfig(norm_eps=3e38).norm_eps == 3e38  # big, but a float32
 
 
 # ---- Qwen3, Granite's MLP biases, GPT-2's layer-scaled attention, YaRN, Qwen's windows ------
