@@ -308,8 +308,8 @@ def _putter(xp, dtype: np.dtype, arena: Arena | None = None):
 def _into(arena: Arena, put: Callable) -> Callable:
     """put, its result moved into the arena (backend.Arena: 2 MB pages where the kernel grants
     them, each matrix on a cache line, one after the other as a step reads them). Same values;
-    products over SmolLM2-135M's matrices ran 5-7% faster so for one row, 14-20% for five
-    (weights/README.md)."""
+    the products ran 5-7% faster so for one row, 14-20% for five (SmolLM2-135M and the shipped
+    target, weights/README.md)."""
     return lambda a: arena.put(put(a))
 
 
