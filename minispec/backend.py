@@ -207,8 +207,8 @@ def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
     wt = w.T if w.dtype != F16 else w.T.view(np.int16)  # numba reads float16 as int16 bits
     x = np.ascontiguousarray(x)
-    if x.shape[0] == 1:
-        _kernels[1](x, wt, y)  # one row: its own loop
+    if x.shape[0] == 1:  # one row: its own loop; 16-bit weights: prefetches counted at run time
+        _kernels[1](x, wt, y, 0 if w.dtype == np.float32 else 8)
     else:  # float32 weights, 2..8 rows: the prefetch loop with a count given at run time
         _kernels[0](x, wt, y, 4 if w.dtype == np.float32 and x.shape[0] <= 8 else 0)
     return y
@@ -313,23 +313,32 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     _tail(x, wt, y, f - f % 4)
 
 
-def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
+def _one_row_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out]: 8 outputs in registers, each weight
     # row read once, while the 8 rows two blocks ahead are prefetched into L2. A decode step's
     # products, 1.1-1.25x faster than the rows loop with the row paired with itself (which
     # does every multiply-add twice), measured on the shipped target's bfloat16 shapes; an
     # earlier one-row loop that prefetched only the first 2 lines of the next block's rows was
-    # 1.6x slower than that rows loop.
+    # 1.6x slower than that rows loop. `ahead` > 0: the 8 prefetches of a line go through a
+    # loop whose count is known only at run time, as the rows loop's do (see there), which
+    # _run_kernel asks for 16-bit weights: with the weights in the Arena, the products of a
+    # step 1.1x (SmolLM2-135M in bfloat16) to 1.25x (the shipped target) faster; for float32
+    # weights 1.1x slower (weights/README.md).
     d = x.shape[1]
     f = wt.shape[0]
     x0 = x[0]
     lines = (d + 15) // 16
+    spread = ahead > 0
     for o in range(0, f - f % 8, 8):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
         w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
         for c in range(lines):
-            for j in range(8):
-                _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
+            if spread:  # a count known only at run time (see above)
+                for j in range(ahead):
+                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
+            else:
+                for j in range(8):
+                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
         a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
         for i in range(d):
             u = x0[i]
