@@ -207,8 +207,8 @@ def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
     wt = w.T if w.dtype != F16 else w.T.view(np.int16)  # numba reads float16 as int16 bits
     x = np.ascontiguousarray(x)
-    if x.shape[0] == 1:  # one row: its own loop; 16-bit weights: prefetches counted at run time
-        _kernels[1](x, wt, y, 0 if w.dtype == np.float32 else 8)
+    if x.shape[0] == 1:  # one row: its own loop; bfloat16 weights: prefetches counted at run time
+        _kernels[1](x, wt, y, 8 if w.dtype == BF16 else 0)
     else:  # float32 weights, 2..8 rows: the prefetch loop with a count given at run time
         _kernels[0](x, wt, y, 4 if w.dtype == np.float32 and x.shape[0] <= 8 else 0)
     return y
@@ -321,9 +321,10 @@ def _one_row_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # earlier one-row loop that prefetched only the first 2 lines of the next block's rows was
     # 1.6x slower than that rows loop. `ahead` > 0: the 8 prefetches of a line go through a
     # loop whose count is known only at run time, as the rows loop's do (see there), which
-    # _run_kernel asks for 16-bit weights: with the weights in the Arena, the products of a
+    # _run_kernel asks for bfloat16 weights: with the weights in the Arena, the products of a
     # step 1.1x (SmolLM2-135M in bfloat16) to 1.25x (the shipped target) faster; for float32
-    # weights 1.1x slower (weights/README.md).
+    # weights 1.1x slower, and 1.25x slower for the shipped float16 draft model, whose 2.4 MB
+    # stay in the caches between steps (weights/README.md).
     d = x.shape[1]
     f = wt.shape[0]
     x0 = x[0]
