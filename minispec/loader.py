@@ -295,18 +295,16 @@ def widened(model: Model) -> Model:
                  tokenizer=model.tokenizer, name=model.name)
 
 
-def _putter(xp, dtype: np.dtype, arena: Arena | None = None):
+def _putter(xp, dtype: np.dtype):
     def put(a: np.ndarray):
         # always a copy: a view into the memory-mapped file would break if the file changed later
-        if arena is not None:
-            return arena.put(np.asarray(a, dtype=dtype))
         host = np.array(a, dtype=dtype, order="C", copy=True if xp is np else None)
         return host if xp is np else xp.asarray(host)
     return put
 
 
 def _into(arena: Arena, put: Callable) -> Callable:
-    """put, its result moved into the arena (backend.Arena: 2 MB pages where the kernel grants
+    """put, its result copied into the arena (backend.Arena: 2 MB pages where the kernel grants
     them, each matrix on a cache line, one after the other as a step reads them). Same values;
     the products ran 5-7% faster so for one row, 14-20% for five (SmolLM2-135M and the shipped
     target, weights/README.md)."""
@@ -367,12 +365,13 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
         tokenizer = Tokenizer.from_file(path / "tokenizer.json")
     config = _special_tokens(config, path, tokenizer)
     get = _finite_getter(ckpt)
-    # on the CPU every weight is copied into one arena, in the order a step reads them
-    arena = Arena() if xp is np else None
-    as_stored = _as_stored(ckpt, config, prefix, xp, dt, dtype)
-    if as_stored is not None:
-        as_stored = _into(arena, as_stored)
-    weights = _build_weights(config, get, _putter(xp, dt, arena), prefix, as_stored)
+    put, as_stored = _putter(xp, dt), _as_stored(ckpt, config, prefix, xp, dt, dtype)
+    if xp is np:  # on the CPU every weight is copied into one arena, as a step reads them
+        arena = Arena()
+        put = _into(arena, lambda a: np.asarray(a, dtype=dt))  # the arena's copy is the copy
+        if as_stored is not None:  # (None when the matrices are widened at load)
+            as_stored = _into(arena, as_stored)
+    weights = _build_weights(config, get, put, prefix, as_stored)
     try:
         return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
                      name=path.resolve().name)
