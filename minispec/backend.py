@@ -4,11 +4,11 @@ The model code never imports numpy or cupy itself; it is handed `xp`. A CPU-only
 needs CuPy installed: it is imported only when the GPU is asked for (or `auto` looks for it).
 
 Two CPU speed details live here, out of the model's math: `matmul`, which model.py calls for
-every weight product (`x @ w`; a few float32 rows go through a numba kernel that reads each weight
-once for all of them, when numba is installed), and NumPy's BLAS thread pool: decode-sized
-matmuls are often faster on one thread than on several, and many times slower when the threads
-compete with another process. The command line and the benchmarks set the threads; the model
-math never does.
+every weight product (`x @ w`; a few float32 rows go through a numba kernel that reads each
+weight once for all of them, when numba is installed: its loops are in kernels.py), and NumPy's
+BLAS thread pool: decode-sized matmuls are often faster on one thread than on several, and many
+times slower when the threads compete with another process. The command line and the
+benchmarks set the threads; the model math never does.
 """
 
 from __future__ import annotations
@@ -161,8 +161,7 @@ KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then p
 
 _KERNEL_WEIGHTS = (np.dtype(np.float32), BF16, F16)
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
-_kernels: tuple | None = None  # (the rows kernel,), compiled on first use; () if no numba
-_prefetch = _eight = _tail = _widen = None  # numba functions the kernels call, made with them
+_loops = None  # minispec/kernels.py's compiled loops, made on the first product; False: no numba
 
 
 def matmul(x, w):
@@ -205,13 +204,14 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
-    wt = w.T if w.dtype != F16 else w.T.view(np.int16)  # numba reads float16 as int16 bits
-    x = np.ascontiguousarray(x)
-    if x.shape[0] == 1:  # one row: its own loop; bfloat16 weights: prefetches counted at run time
-        _kernels[1](x, wt, y, 8 if w.dtype == BF16 else 0)
-    else:  # float32 weights, 2..8 rows: the prefetch loop with a count given at run time
-        _kernels[0](x, wt, y, 4 if w.dtype == np.float32 and x.shape[0] <= 8 else 0)
+    _loops.product(np.ascontiguousarray(x), kernel_weight(w), y, _loops.ahead(w.dtype, x.shape[0]))
     return y
+
+
+def kernel_weight(w: np.ndarray) -> np.ndarray:
+    """The array the kernels read for a weight w [D_in, D_out]: its transpose [D_out, D_in], a
+    float16 one as int16 bits (numba has no float16 arrays)."""
+    return w.T if w.dtype != F16 else w.T.view(np.int16)
 
 
 @contextlib.contextmanager
@@ -232,219 +232,12 @@ def kernel_available() -> bool:
 
 
 def _compiled() -> bool:
-    # numba is imported on the first product, not with minispec; the machine code comes from
-    # numba's cache (cache=True) after the first run on a machine
-    global _kernels, _prefetch, _eight, _tail, _widen
-    if _kernels is None:
-        try:
-            import numba
-        except ImportError:
-            _kernels = ()
-        else:
-            jit = numba.njit(fastmath=True, cache=True)
-            _widen = _widen_intrinsic(numba)
-            _prefetch, _eight = _prefetch_intrinsic(numba), jit(_eight_rows_kernel)
-            _tail = jit(_tail_kernel)
-            _kernels = (jit(_rows_kernel), jit(_one_row_kernel))
-    return bool(_kernels)
+    global _loops
+    if _loops is None:  # the speed path's loops: imported (and numba with them) on first use
+        from . import kernels
 
-
-# The kernels are plain Python, compiled by numba (fastmath lets LLVM keep several partial sums
-# per dot product in vector registers). Kept apart from matmul so a reader can skip them. Both
-# have 8 accumulators in their inner loop, so LLVM vectorizes each dot product the same way (on
-# an AMD EPYC with AVX-512: 2 registers of 16 lanes each) and a row's result is the same bits
-# whether it comes from the main loop or the tails, alone or beside other rows
-# (tests/test_backend.py checks it on the models' shapes). A loop with other accumulators can be
-# unrolled differently and round differently: a one-row loop over a single weight row (one
-# accumulator) read float32 weights 1.8x faster, but its sums round differently, and a verify
-# call's logits would then differ from the one-token steps' in the last bits. The one-row loop
-# below keeps 8 accumulators (8 outputs), and so the same sums.
-
-
-def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
-    # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers
-    # (an odd last row is paired with itself). The 4 weight rows are read from memory once, then
-    # from the L1 cache for the other row pairs; meanwhile the next 4 rows are prefetched into
-    # L2, a share per pass, so the memory keeps streaming while the core multiplies: the
-    # hardware prefetcher does not follow 4 short interleaved streams (without these prefetches
-    # a step's products took 2.3x as long, measured with bfloat16 weights on the shipped
-    # target's shapes). `ahead` > 0: the 4 prefetches of a line go through a loop whose count
-    # (ahead = 4) is known only at run time, which _run_kernel asks for float32 weights and 2..8
-    # rows: SmolLM2's float32 calls of 2, 3, 4 and 5 tokens then took 31, 28, 28 and 33 ms
-    # against 36, 37, 38 and 40 ms with the prefetches written out side by side (the one-token
-    # step 28-29 ms either way; a script alternating the two loops' calls, one thread, an AMD
-    # EPYC). Why is not known: the loop likely spaces the prefetches out. For 16-bit weights,
-    # or 9+ rows, or one float32 row (its own loop), the loop was as fast or slower (up to 1.1x;
-    # weights/README.md lists what was tried).
-    t, d = x.shape
-    f = wt.shape[0]
-    last = t - 1
-    lines = (d + 15) // 16  # 16 weights apart: each float32 line, each half bfloat16 line
-    passes = (t + 1) // 2
-    spread = ahead > 0
-    for o in range(0, f - f % 4, 4):
-        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        for r in range(0, t, 2):
-            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
-            share = r // 2
-            for c in range(lines * share // passes, lines * (share + 1) // passes):
-                if spread:  # a count known only at run time (see above)
-                    for j in range(ahead):
-                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
-                else:
-                    for j in range(4):
-                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
-            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
-            for i in range(d):
-                v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
-                u = x0[i]
-                a00 += v0 * u
-                a01 += v1 * u
-                a02 += v2 * u
-                a03 += v3 * u
-                u = x1[i]
-                a10 += v0 * u
-                a11 += v1 * u
-                a12 += v2 * u
-                a13 += v3 * u
-            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
-            if r + 1 < t:
-                y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
-    _tail(x, wt, y, f - f % 4)
-
-
-def _one_row_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out]: 8 outputs in registers, each weight
-    # row read once, while the 8 rows two blocks ahead are prefetched into L2. A decode step's
-    # products, 1.1-1.25x faster than the rows loop with the row paired with itself (which
-    # does every multiply-add twice), measured on the shipped target's bfloat16 shapes; an
-    # earlier one-row loop that prefetched only the first 2 lines of the next block's rows was
-    # 1.6x slower than that rows loop. `ahead` > 0: the 8 prefetches of a line go through a
-    # loop whose count is known only at run time, as the rows loop's do (see there), which
-    # _run_kernel asks for bfloat16 weights: with the weights in the Arena, the products of a
-    # step 1.1x (SmolLM2-135M in bfloat16) to 1.25x (the shipped target) faster; for float32
-    # weights 1.1x slower, and 1.25x slower for the shipped float16 draft model, whose 2.4 MB
-    # stay in the caches between steps (weights/README.md).
-    d = x.shape[1]
-    f = wt.shape[0]
-    x0 = x[0]
-    lines = (d + 15) // 16
-    spread = ahead > 0
-    for o in range(0, f - f % 8, 8):
-        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
-        for c in range(lines):
-            if spread:  # a count known only at run time (see above)
-                for j in range(ahead):
-                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
-            else:
-                for j in range(8):
-                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
-        for i in range(d):
-            u = x0[i]
-            a0 += _widen(w0[i]) * u
-            a1 += _widen(w1[i]) * u
-            a2 += _widen(w2[i]) * u
-            a3 += _widen(w3[i]) * u
-            a4 += _widen(w4[i]) * u
-            a5 += _widen(w5[i]) * u
-            a6 += _widen(w6[i]) * u
-            a7 += _widen(w7[i]) * u
-        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
-        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
-    _tail(x, wt, y, f - f % 8)
-
-
-def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
-    # x [T <= 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: one output x 8 rows in registers
-    # (missing rows repeat the last one): the outputs left over by the blocked kernels. 9 loads
-    # per 8 multiply-adds (and padding to 8 rows): as the main loop for 2..8 rows it was slower
-    # than _rows_kernel on a Xeon with AVX-512, on both shipped targets (`minispec bench` and
-    # `minispec real bench` print the verify call's cost).
-    t, d = x.shape
-    last = t - 1
-    x0, x1, x2, x3 = x[0], x[min(1, last)], x[min(2, last)], x[min(3, last)]
-    x4, x5, x6, x7 = x[min(4, last)], x[min(5, last)], x[min(6, last)], x[min(7, last)]
-    for o in range(wt.shape[0]):
-        w0 = wt[o]
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
-        for i in range(d):
-            v = _widen(w0[i])
-            a0 += v * x0[i]
-            a1 += v * x1[i]
-            a2 += v * x2[i]
-            a3 += v * x3[i]
-            a4 += v * x4[i]
-            a5 += v * x5[i]
-            a6 += v * x6[i]
-            a7 += v * x7[i]
-        acc = (a0, a1, a2, a3, a4, a5, a6, a7)
-        for r in range(t):
-            y[r, o] = acc[r]
-
-
-def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
-    # the outputs start.. that do not fill a block: the 8-rows loop, 8 rows at a time
-    for r in range(0, x.shape[0], 8):
-        _eight(x[r:r + 8], wt[start:], y[r:r + 8, start:])
-
-
-def _widen_intrinsic(numba):
-    """A numba function `_widen(v)`: a float32 weight as it is; a BF16 one (uint16) as the float32
-    whose high 16 bits it is (zero-extend, shift left 16, reinterpret: LLVM vectorizes it); an
-    F16 one (its bits as int16) converted half -> float (x86's vcvtph2ps)."""
-    from llvmlite import ir
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def widen(typingctx, v):
-        if v == numba.types.float32:
-            return numba.types.float32(v), lambda context, builder, sig, args: args[0]
-        if v == numba.types.int16:
-            return numba.types.float32(v), lambda context, builder, sig, args: builder.fpext(
-                builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-        if v != numba.types.uint16:
-            return None
-
-        def codegen(context, builder, sig, args):
-            bits = builder.shl(builder.zext(args[0], ir.IntType(32)),
-                               ir.Constant(ir.IntType(32), 16))
-            return builder.bitcast(bits, ir.FloatType())
-
-        return numba.types.float32(v), codegen
-
-    return widen
-
-
-def _prefetch_intrinsic(numba):
-    """A numba function `_prefetch(a, i, j)`: ask the CPU to start loading the cache line that
-    holds a[i, j] into its L2 cache (LLVM's llvm.prefetch, locality 2: x86's prefetcht1), without
-    waiting for it. Into L2, not L1: the rows kernel asks for a whole block of weight rows ahead,
-    likely more lines than the L1 cache can have in flight; prefetched into L1 (prefetcht0), a
-    5-row product over SmolLM2's LM head took 1.7x the one-row product instead of 1.1-1.2x (an
-    AMD EPYC with AVX-512; one-row products were as fast either way)."""
-    from llvmlite import ir
-    from numba.core import cgutils
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def prefetch(typingctx, a, i, j):
-        def codegen(context, builder, sig, args):
-            arr = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, args[1:])
-            if not getattr(ptr.type, "is_opaque", False):  # LLVM < 15: typed pointers
-                ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-            i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
-                "llvm.prefetch." + ("p0" if getattr(ptr.type, "is_opaque", False) else "p0i8"))
-            builder.call(fn, [ptr, i32(0), i32(2), i32(1)])  # read, into L2 (not L1), data
-            return context.get_dummy_value()
-
-        return numba.types.void(a, i, j), codegen
-
-    return prefetch
+        _loops = kernels.compiled() or False
+    return bool(_loops)
 
 
 # ---- NumPy's BLAS threads ----------------------------------------------------------------

@@ -5,9 +5,13 @@ step of the shipped target is 26 weight products and, between them, some 250 sma
 operations (RMSNorm alone is eight: a cast, a square, a sum, a division, ...), each costing a
 microsecond or more of Python and dispatch on arrays of a few hundred numbers: about a fifth of
 the step, measured. Here RMSNorm, RoPE with the cache write and attention over the cache are one
-compiled loop each, SiLU(gate) * up is done in place, and the weight products stay
-backend.matmul's few-rows kernel: the step of cuda_graphs.py (`static_layers`, the same block as
-model.block with the positions given as data), with CPU kernels.
+compiled loop each (minispec/kernels.py), SiLU(gate) * up is done in place, and the weight
+products are backend.matmul's few-rows kernel: the step of cuda_graphs.py (`static_layers`, the
+same block as model.block with the positions given as data), with CPU kernels. A Llama-shaped
+block (RMSNorm, RoPE, SwiGLU, no biases) runs those loops in one call as far as its SiLU
+(kernels.block_front), which then stays NumPy's (its tanh is vectorized, numba's is not): the
+same arithmetic in the same order as piece by piece, so the same bits, with fewer calls from
+Python (a decode step 1.01-1.09x faster, weights/README.md "A block in one call").
 
 Every row's arithmetic is done alone, in the same order whatever the other rows are, so a verify
 call of k tokens gives each token the logits a one-token step gives it, bit for bit, as the plain
@@ -26,10 +30,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from .backend import kernel_available, matmul
+from . import kernels
+from .backend import kernel_available, kernel_weight, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
+    static_block,
     static_head,
     static_hidden,
     static_layers,
@@ -39,21 +45,24 @@ from .cuda_graphs import (
 from .errors import MinispecError
 
 MAX_TOKENS = 32  # a call of more tokens (a prefill) takes the plain path: its overhead is small
+_NO_TREE = np.zeros(0, np.uint32)  # the attention loop's tree bits when the call is a chain
 
 
 class NumbaKernels(PlainKernels):
-    """The pieces of a block as numba loops over NumPy arrays, float32 (weights float32 or kept
-    16-bit as stored, products by backend.matmul)."""
+    """The pieces of a block as numba loops (minispec/kernels.py) over NumPy arrays, float32
+    (weights float32 or kept 16-bit as stored, products by backend.matmul); a Llama-shaped block
+    (RMSNorm, RoPE, SwiGLU, no biases) as one call of all of them (`block`)."""
 
     def __init__(self):
         super().__init__(np)
-        self._k = _compiled()
+        self._k = kernels.compiled()
+        self._weights = {}  # id(layer dict) -> (the dict, its weights as `block` reads them)
 
     def norm(self, x, w, b, eps):
         if b is not None:  # LayerNorm stays plain
             return super().norm(x, w, b, eps)
         y = np.empty_like(x)
-        self._k["rms_norm"](np.ascontiguousarray(x), w, np.float32(eps), y)
+        self._k.rms_norm(np.ascontiguousarray(x), w, np.float32(eps), y)
         return y
 
     def linear(self, x, w, b=None, res=None):
@@ -68,35 +77,68 @@ class NumbaKernels(PlainKernels):
         if tables is None:
             return super().rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv,
                                       slots)
-        self._k["rope_store"](qkv, tables[0], tables[1], k_cache, v_cache, positions,
-                              positions if slots is None else slots, n_heads, n_kv)
+        self._k.rope_store(qkv, tables[0], tables[1], k_cache, v_cache, positions,
+                           positions if slots is None else slots, n_heads, n_kv)
 
     def attention(self, qkv, k_cache, v_cache, positions, n_heads, window, slots=None,
                   tree=None):
         t, _, e = qkv.shape
         out = np.empty((t, n_heads * e), dtype=np.float32)
         has_tree = tree is not None
-        self._k["attention"](qkv, k_cache, v_cache, positions,
-                             positions if slots is None else slots,
-                             tree if has_tree else _NO_TREE, has_tree, n_heads,
-                             np.float32(1.0 / math.sqrt(e)), window or 0, out)
+        self._k.attention(qkv, k_cache, v_cache, positions,
+                          positions if slots is None else slots,
+                          tree if has_tree else _NO_TREE, has_tree, n_heads,
+                          np.float32(1.0 / math.sqrt(e)), window or 0, out)
         return out
 
     def mlp(self, x, p, res=None):
         if p["w_gate"] is None or p.get("b_gate") is not None or p["b_up"] is not None:
             return super().mlp(x, p, res)  # GPT-2's GELU, Granite's biases: plain
-        gate = matmul(x, p["w_gate"])  # [T, F]
-        # silu(gate) * up as model.silu writes it, in place: the same operations in the same
-        # order (the same bits), no temporaries; NumPy's tanh is vectorized, where a numba loop
-        # calls tanhf once per number (2.6x slower on a row of the shipped target's MLP, 10x on
-        # 16 rows)
-        t = np.multiply(gate, 0.5)
-        np.tanh(t, out=t)
-        t += 1.0
-        t *= 0.5
-        np.multiply(gate, t, out=t)
-        t *= matmul(x, p["w_up"])
-        return self.linear(t, p["w_down"], p["b_down"], res=res)
+        gate = _silu_mul(matmul(x, p["w_gate"]), matmul(x, p["w_up"]))  # [T, F]
+        return self.linear(gate, p["w_down"], p["b_down"], res=res)
+
+    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
+        w = self._block_weights(p, tables)
+        if w is None:  # biases, LayerNorm, GELU, no RoPE: piece by piece
+            return super().block(x, p, config, tables, k_cache, v_cache, positions, slots, tree)
+        has_tree = tree is not None
+        h, gate, up = self._k.block_front(  # x + attn, the MLP's gate and up products
+            np.ascontiguousarray(x), *w, np.float32(config.norm_eps), tables[0], tables[1],
+            k_cache, v_cache, positions, positions if slots is None else slots,
+            tree if has_tree else _NO_TREE, has_tree, config.n_heads, config.n_kv_heads,
+            np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0,
+            self._k.ahead(p["wqkv"].dtype, x.shape[0]))
+        return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
+
+    def _block_weights(self, p, tables):
+        """A Llama-shaped layer's norms and weights as kernels.block_front reads them (made once per
+        layer), or None for any other layer."""
+        seen = self._weights.get(id(p))
+        if seen is None or seen[0] is not p:
+            names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+            plain = (all(p.get(b) is None for b in ("attn_norm_b", "bqkv", "bo", "mlp_norm_b",
+                                                     "b_gate", "b_up", "b_down"))
+                     and all(p[n] is not None and p[n].T.flags.c_contiguous for n in names))
+            w = None
+            if plain:
+                wqkv, wo, gate, up = (kernel_weight(p[n]) for n in names[:4])
+                w = (p["attn_norm_w"], wqkv, wo, p["mlp_norm_w"], gate, up)
+            seen = self._weights[id(p)] = (p, w)
+        return seen[1] if tables is not None else None
+
+
+def _silu_mul(gate, up):
+    """silu(gate) * up as model.silu writes it, in place in gate: the same operations in the
+    same order (the same bits), no temporaries. NumPy's tanh is vectorized, where a numba loop
+    calls tanhf once per number (2.6x slower on a row of the shipped target's MLP, 10x on 16
+    rows)."""
+    t = np.multiply(gate, 0.5)
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= 0.5
+    gate *= t
+    gate *= up
+    return gate
 
 
 class _BatchKernels:
@@ -110,6 +152,9 @@ class _BatchKernels:
 
     def _rows(self):
         return zip(self.bounds[:-1], self.bounds[1:])
+
+    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
+        return static_block(self, x, p, config, tables, k_cache, v_cache, positions, slots, tree)
 
     def rope_store(self, qkv, tables, k_caches, v_caches, positions, n_heads, n_kv, slots=None):
         for (a, b), k_cache, v_cache in zip(self._rows(), k_caches, v_caches):
@@ -220,92 +265,3 @@ def enable_where_supported(*models) -> None:
     for m in models:
         if m is not None and supported(m) is None:
             enable(m)
-
-
-# ------------------------------------------------------------------------------------------------
-# the kernels: plain Python loops, compiled by numba on first use (cached on disk after that)
-
-_KERNELS: dict | None = None
-_NO_TREE = np.zeros(0, np.uint32)  # the attention kernel's tree bits when the call is a chain
-
-
-def _compiled() -> dict:
-    global _KERNELS
-    if _KERNELS is None:
-        import numba
-
-        jit = numba.njit(fastmath=True, cache=True)
-        _KERNELS = {"rms_norm": jit(_rms_norm), "rope_store": jit(_rope_store),
-                    "attention": jit(_attention)}
-    return _KERNELS
-
-
-def _rms_norm(x, w, eps, y):  # pragma: no cover - runs compiled
-    # y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w
-    t, d = x.shape
-    for r in range(t):
-        ss = np.float32(0)
-        for i in range(d):
-            ss += x[r, i] * x[r, i]
-        scale = np.float32(1) / np.sqrt(ss / d + eps)
-        for i in range(d):
-            y[r, i] = x[r, i] * scale * w[i]
-
-
-def _rope_store(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads,
-                n_kv):  # pragma: no cover - runs compiled
-    # rotate the query and key heads of qkv [T, H+2K, E] in place (position positions[r]), then
-    # write row r's keys and values into the caches [K, S_max, E] at slot slots[r]
-    t, _, e = qkv.shape
-    half = e // 2
-    for r in range(t):
-        p = positions[r]
-        for h in range(n_heads + n_kv):
-            for i in range(half):
-                c, s = cos[p, i], sin[p, i]
-                a, b = qkv[r, h, i], qkv[r, h, i + half]
-                qkv[r, h, i] = a * c - b * s
-                qkv[r, h, i + half] = b * c + a * s
-        for h in range(n_kv):
-            k_cache[h, slots[r]] = qkv[r, n_heads + h]
-            v_cache[h, slots[r]] = qkv[r, n_heads + n_kv + h]
-
-
-def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale,
-               window, out):  # pragma: no cover - runs compiled
-    # row r, query head h (kv head h // G) attends to the slots j <= slots[r] it sees: with a
-    # tree, of this call's slots (first..) only those whose bit is set in tree[r]; with a
-    # sliding window, only j > positions[r] - window. Softmax over them, then the mean of values.
-    t, _, e = qkv.shape
-    g = n_heads // k_cache.shape[0]
-    first = slots[0]
-    scores = np.empty(slots.max() + 1, np.float32)
-    acc = np.empty(e, np.float32)
-    for r in range(t):
-        top = slots[r]
-        lo = max(positions[r] - window + 1, 0) if window > 0 else 0
-        for h in range(n_heads):
-            kv = h // g
-            best = -np.inf
-            for j in range(lo, top + 1):
-                if has_tree and j >= first and not (tree[r] >> (j - first)) & 1:
-                    scores[j] = -np.inf
-                    continue
-                s = np.float32(0)
-                for i in range(e):
-                    s += qkv[r, h, i] * k_cache[kv, j, i]
-                scores[j] = s * scale
-                best = max(best, scores[j])
-            total = np.float32(0)
-            for j in range(lo, top + 1):
-                scores[j] = np.exp(scores[j] - best)
-                total += scores[j]
-            for i in range(e):
-                acc[i] = 0
-            for j in range(lo, top + 1):
-                p = scores[j]
-                if p != 0:
-                    for i in range(e):
-                        acc[i] += p * v_cache[kv, j, i]
-            for i in range(e):
-                out[r, h * e + i] = acc[i] / total

@@ -95,6 +95,11 @@ class PlainKernels:
         y = mlp(self.xp, x, p)
         return y if res is None else res + y
 
+    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
+        """One block, static_block: the pieces above one after the other (a speed path may do
+        them in one call)."""
+        return static_block(self, x, p, config, tables, k_cache, v_cache, positions, slots, tree)
+
 
 def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions, slots=None,
                  tree=None):
@@ -132,8 +137,8 @@ def static_layers(model, kernels, h, positions, cache, slots=None, tree=None):
     w = model.weights
     tables = None if model._inv_freq is None else (model._cos, model._sin)  # [P, E/2] each
     for i in range(model.n_layers):
-        h = static_block(kernels, h, w["layers"][i], model.config, tables, cache.k[i],
-                         cache.v[i], positions, slots, tree)
+        h = kernels.block(h, w["layers"][i], model.config, tables, cache.k[i], cache.v[i],
+                          positions, slots, tree)
     return h
 
 

@@ -74,6 +74,50 @@ def test_a_tree_call_equals_the_plain_tree_call(family, m, parents):
     np.testing.assert_allclose(b_cache.k[:, :, :end], a_cache.k[:, :, :end], **TOL)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_block_in_one_call_equals_the_block_piece_by_piece(family):
+    """kernels.block_front (a Llama-shaped block up to its SiLU in one numba call) gives the
+    rows and cached keys that the pieces one by one give, bit for bit, for calls of 1..5 tokens
+    and a tree's; layers it cannot do (GPT-2's LayerNorm and GELU, Qwen2's biases) take the
+    pieces."""
+    from minispec.cuda_graphs import PlainKernels
+
+    rng = np.random.default_rng(4)
+    _, fast, _ = _warm_pair(family, 6, rng, 0)
+    steps = fast.fast_steps
+    one_call = steps.kernels
+    layer = fast.weights["layers"][0]
+    assert (one_call._block_weights(layer, (fast._cos, fast._sin)) is not None) == (
+        family in ("llama", "mistral"))
+
+    class Pieces(cpu_steps.NumbaKernels):
+        def block(self, *args, **kwargs):
+            return PlainKernels.block(self, *args, **kwargs)
+
+    caches = fast.new_cache(48), fast.new_cache(48)
+    prompt = rng.integers(0, 48, 7).tolist()
+    for cache in caches:
+        fast.hidden_states(prompt, cache)
+    for t in (1, 3, 5, 1, 2):
+        toks = rng.integers(0, 48, t).tolist()
+        got = []
+        for kernels, cache in zip((one_call, Pieces()), caches):
+            steps.kernels = kernels
+            got.append(fast.hidden_states(toks, cache))
+        assert np.array_equal(*got)
+    if family != "mistral":  # trees: no sliding window
+        tokens, parents = rng.integers(0, 48, 5), [-1, 0, 0, 1, 1]
+        got = []
+        for kernels, cache in zip((one_call, Pieces()), caches):
+            steps.kernels = kernels
+            got.append(hidden_tree(fast, [3], tokens, parents, cache))
+        assert np.array_equal(*got)
+    steps.kernels = one_call
+    n = caches[0].length + 5
+    assert np.array_equal(caches[0].k[:, :, :n], caches[1].k[:, :, :n])
+    assert np.array_equal(caches[0].v[:, :, :n], caches[1].v[:, :, :n])
+
+
 @pytest.fixture(scope="module")
 def shipped_fast():
     """The shipped pair on the CPU step (the target's matrices bfloat16 as stored)."""

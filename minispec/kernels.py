@@ -1,0 +1,367 @@
+"""The CPU's compiled loops: the few-rows weight product (backend.matmul) and the pieces of a
+decode or verify step (cpu_steps.py), plain Python compiled by numba on first use.
+
+Skippable: each computes what a few lines of NumPy compute, and is tested against them (`x @ w`
+in tests/test_backend.py; model.py's block in tests/test_cpu_steps.py). They share one file
+because numba caches each compiled function on disk under the file that defines it: a loop
+calling a loop from another file would keep the old machine code of that one after the other
+file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call) calls the
+others.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+_KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
+_prefetch = _eight = _tail = _widen = None  # numba functions the loops call, made with them
+_one = _rows = _product = _norm = _rope = _attend = None
+
+
+def compiled() -> SimpleNamespace | None:
+    """The compiled loops (None without numba): product(x, wt, y, ahead), rms_norm,
+    rope_store, attention and block_front, each named below without its underscore (and
+    `ahead`, for the product's last argument). numba
+    is imported on the first call, not with minispec; the machine code comes from numba's cache
+    (cache=True) after the first run on a machine."""
+    global _KERNELS, _prefetch, _eight, _tail, _widen, _one, _rows, _product, _norm, _rope
+    global _attend
+    if _KERNELS is None:
+        try:
+            import numba
+        except ImportError:
+            _KERNELS = False
+            return None
+        jit = numba.njit(fastmath=True, cache=True)
+        _widen, _prefetch = _widen_intrinsic(numba), _prefetch_intrinsic(numba)
+        _eight, _tail = jit(_eight_rows_kernel), jit(_tail_kernel)
+        _one, _rows, _product = jit(_one_row_kernel), jit(_rows_kernel), jit(_product_kernel)
+        _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
+        _KERNELS = SimpleNamespace(product=_product, rms_norm=_norm, rope_store=_rope,
+                                   attention=_attend, block_front=jit(_block_front),
+                                   ahead=ahead)
+    return _KERNELS or None
+
+
+def ahead(dtype, t: int) -> int:
+    """The `ahead` argument of the product for t rows of a weight of this dtype: > 0 sends the
+    prefetches of a line through a loop whose count is known only at run time (see
+    _rows_kernel): for one bfloat16 row, and for 2..8 float32 rows, where it was measured
+    faster; 0 elsewhere (the prefetches written out). The bits are the same either way."""
+    if t == 1:
+        return 8 if dtype == np.uint16 else 0  # a bfloat16 weight's bits (backend.BF16)
+    return 4 if dtype == np.float32 and t <= 8 else 0
+
+
+# ---- the weight products ---------------------------------------------------------------------
+
+def _product_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
+    # y = x @ wt.T for x [T, D_in] float32 and wt [D_out, D_in] (float32, or the bits of a 16-bit
+    # weight), one row through its own loop, more through the rows loop
+    if x.shape[0] == 1:
+        _one(x, wt, y, ahead)
+    else:
+        _rows(x, wt, y, ahead)
+
+
+# The kernels are plain Python, compiled by numba (fastmath lets LLVM keep several partial sums
+# per dot product in vector registers). Both have 8 accumulators in their inner loop, so LLVM
+# vectorizes each dot product the same way (on an AMD EPYC with AVX-512: 2 registers of 16
+# lanes each) and a row's result is the same bits
+# whether it comes from the main loop or the tails, alone or beside other rows
+# (tests/test_backend.py checks it on the models' shapes). A loop with other accumulators can be
+# unrolled differently and round differently: a one-row loop over a single weight row (one
+# accumulator) read float32 weights 1.8x faster, but its sums round differently, and a verify
+# call's logits would then differ from the one-token steps' in the last bits. The one-row loop
+# below keeps 8 accumulators (8 outputs), and so the same sums.
+
+
+def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
+    # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers
+    # (an odd last row is paired with itself). The 4 weight rows are read from memory once, then
+    # from the L1 cache for the other row pairs; meanwhile the next 4 rows are prefetched into
+    # L2, a share per pass, so the memory keeps streaming while the core multiplies: the
+    # hardware prefetcher does not follow 4 short interleaved streams (without these prefetches
+    # a step's products took 2.3x as long, measured with bfloat16 weights on the shipped
+    # target's shapes). `ahead` > 0: the 4 prefetches of a line go through a loop whose count
+    # (ahead = 4) is known only at run time, which `ahead` asks for float32 weights and 2..8
+    # rows: SmolLM2's float32 calls of 2, 3, 4 and 5 tokens then took 31, 28, 28 and 33 ms
+    # against 36, 37, 38 and 40 ms with the prefetches written out side by side (the one-token
+    # step 28-29 ms either way; a script alternating the two loops' calls, one thread, an AMD
+    # EPYC). Why is not known: the loop likely spaces the prefetches out. For 16-bit weights,
+    # or 9+ rows, or one float32 row (its own loop), the loop was as fast or slower (up to 1.1x;
+    # weights/README.md lists what was tried).
+    t, d = x.shape
+    f = wt.shape[0]
+    last = t - 1
+    lines = (d + 15) // 16  # 16 weights apart: each float32 line, each half bfloat16 line
+    passes = (t + 1) // 2
+    spread = ahead > 0
+    for o in range(0, f - f % 4, 4):
+        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
+        for r in range(0, t, 2):
+            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
+            share = r // 2
+            for c in range(lines * share // passes, lines * (share + 1) // passes):
+                if spread:  # a count known only at run time (see above)
+                    for j in range(ahead):
+                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+                else:
+                    for j in range(4):
+                        _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
+            for i in range(d):
+                v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
+                u = x0[i]
+                a00 += v0 * u
+                a01 += v1 * u
+                a02 += v2 * u
+                a03 += v3 * u
+                u = x1[i]
+                a10 += v0 * u
+                a11 += v1 * u
+                a12 += v2 * u
+                a13 += v3 * u
+            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
+            if r + 1 < t:
+                y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
+    _tail(x, wt, y, f - f % 4)
+
+
+def _one_row_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out]: 8 outputs in registers, each weight
+    # row read once, while the 8 rows two blocks ahead are prefetched into L2. A decode step's
+    # products, 1.1-1.25x faster than the rows loop with the row paired with itself (which
+    # does every multiply-add twice), measured on the shipped target's bfloat16 shapes; an
+    # earlier one-row loop that prefetched only the first 2 lines of the next block's rows was
+    # 1.6x slower than that rows loop. `ahead` > 0: the 8 prefetches of a line go through a
+    # loop whose count is known only at run time, as the rows loop's do (see there), which
+    # `ahead` asks for bfloat16 weights: with the weights in the Arena, the products of a
+    # step 1.1x (SmolLM2-135M in bfloat16) to 1.25x (the shipped target) faster; for float32
+    # weights 1.1x slower, and 1.25x slower for the shipped float16 draft model, whose 2.4 MB
+    # stay in the caches between steps (weights/README.md).
+    d = x.shape[1]
+    f = wt.shape[0]
+    x0 = x[0]
+    lines = (d + 15) // 16
+    spread = ahead > 0
+    for o in range(0, f - f % 8, 8):
+        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
+        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
+        for c in range(lines):
+            if spread:  # a count known only at run time (see above)
+                for j in range(ahead):
+                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
+            else:
+                for j in range(8):
+                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for i in range(d):
+            u = x0[i]
+            a0 += _widen(w0[i]) * u
+            a1 += _widen(w1[i]) * u
+            a2 += _widen(w2[i]) * u
+            a3 += _widen(w3[i]) * u
+            a4 += _widen(w4[i]) * u
+            a5 += _widen(w5[i]) * u
+            a6 += _widen(w6[i]) * u
+            a7 += _widen(w7[i]) * u
+        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
+        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
+    _tail(x, wt, y, f - f % 8)
+
+
+def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [T <= 8, D_in] times wt [D_out, D_in] -> y [T, D_out]: one output x 8 rows in registers
+    # (missing rows repeat the last one): the outputs left over by the blocked kernels. 9 loads
+    # per 8 multiply-adds (and padding to 8 rows): as the main loop for 2..8 rows it was slower
+    # than _rows_kernel on a Xeon with AVX-512, on both shipped targets (`minispec bench` and
+    # `minispec real bench` print the verify call's cost).
+    t, d = x.shape
+    last = t - 1
+    x0, x1, x2, x3 = x[0], x[min(1, last)], x[min(2, last)], x[min(3, last)]
+    x4, x5, x6, x7 = x[min(4, last)], x[min(5, last)], x[min(6, last)], x[min(7, last)]
+    for o in range(wt.shape[0]):
+        w0 = wt[o]
+        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+        for i in range(d):
+            v = _widen(w0[i])
+            a0 += v * x0[i]
+            a1 += v * x1[i]
+            a2 += v * x2[i]
+            a3 += v * x3[i]
+            a4 += v * x4[i]
+            a5 += v * x5[i]
+            a6 += v * x6[i]
+            a7 += v * x7[i]
+        acc = (a0, a1, a2, a3, a4, a5, a6, a7)
+        for r in range(t):
+            y[r, o] = acc[r]
+
+
+def _tail_kernel(x, wt, y, start):  # pragma: no cover - runs compiled
+    # the outputs start.. that do not fill a block: the 8-rows loop, 8 rows at a time
+    for r in range(0, x.shape[0], 8):
+        _eight(x[r:r + 8], wt[start:], y[r:r + 8, start:])
+
+
+def _widen_intrinsic(numba):
+    """A numba function `_widen(v)`: a float32 weight as it is; a BF16 one (uint16) as the float32
+    whose high 16 bits it is (zero-extend, shift left 16, reinterpret: LLVM vectorizes it); an
+    F16 one (its bits as int16) converted half -> float (x86's vcvtph2ps)."""
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def widen(typingctx, v):
+        if v == numba.types.float32:
+            return numba.types.float32(v), lambda context, builder, sig, args: args[0]
+        if v == numba.types.int16:
+            return numba.types.float32(v), lambda context, builder, sig, args: builder.fpext(
+                builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        if v != numba.types.uint16:
+            return None
+
+        def codegen(context, builder, sig, args):
+            bits = builder.shl(builder.zext(args[0], ir.IntType(32)),
+                               ir.Constant(ir.IntType(32), 16))
+            return builder.bitcast(bits, ir.FloatType())
+
+        return numba.types.float32(v), codegen
+
+    return widen
+
+
+def _prefetch_intrinsic(numba):
+    """A numba function `_prefetch(a, i, j)`: ask the CPU to start loading the cache line that
+    holds a[i, j] into its L2 cache (LLVM's llvm.prefetch, locality 2: x86's prefetcht1), without
+    waiting for it. Into L2, not L1: the rows kernel asks for a whole block of weight rows ahead,
+    likely more lines than the L1 cache can have in flight; prefetched into L1 (prefetcht0), a
+    5-row product over SmolLM2's LM head took 1.7x the one-row product instead of 1.1-1.2x (an
+    AMD EPYC with AVX-512; one-row products were as fast either way)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, a, i, j):
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, args[1:])
+            if not getattr(ptr.type, "is_opaque", False):  # LLVM < 15: typed pointers
+                ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                "llvm.prefetch." + ("p0" if getattr(ptr.type, "is_opaque", False) else "p0i8"))
+            builder.call(fn, [ptr, i32(0), i32(2), i32(1)])  # read, into L2 (not L1), data
+            return context.get_dummy_value()
+
+        return numba.types.void(a, i, j), codegen
+
+    return prefetch
+
+
+# ---- the pieces of a block -------------------------------------------------------------------
+
+def _rms_norm(x, w, eps, y):  # pragma: no cover - runs compiled
+    # y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w
+    t, d = x.shape
+    for r in range(t):
+        ss = np.float32(0)
+        for i in range(d):
+            ss += x[r, i] * x[r, i]
+        scale = np.float32(1) / np.sqrt(ss / d + eps)
+        for i in range(d):
+            y[r, i] = x[r, i] * scale * w[i]
+
+
+def _rope_store(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads,
+                n_kv):  # pragma: no cover - runs compiled
+    # rotate the query and key heads of qkv [T, H+2K, E] in place (position positions[r]), then
+    # write row r's keys and values into the caches [K, S_max, E] at slot slots[r]
+    t, _, e = qkv.shape
+    half = e // 2
+    for r in range(t):
+        p = positions[r]
+        for h in range(n_heads + n_kv):
+            for i in range(half):
+                c, s = cos[p, i], sin[p, i]
+                a, b = qkv[r, h, i], qkv[r, h, i + half]
+                qkv[r, h, i] = a * c - b * s
+                qkv[r, h, i + half] = b * c + a * s
+        for h in range(n_kv):
+            k_cache[h, slots[r]] = qkv[r, n_heads + h]
+            v_cache[h, slots[r]] = qkv[r, n_heads + n_kv + h]
+
+
+def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale,
+               window, out):  # pragma: no cover - runs compiled
+    # row r, query head h (kv head h // G) attends to the slots j <= slots[r] it sees: with a
+    # tree, of this call's slots (first..) only those whose bit is set in tree[r]; with a
+    # sliding window, only j > positions[r] - window. Softmax over them, then the mean of values.
+    t, _, e = qkv.shape
+    g = n_heads // k_cache.shape[0]
+    first = slots[0]
+    scores = np.empty(slots.max() + 1, np.float32)
+    acc = np.empty(e, np.float32)
+    for r in range(t):
+        top = slots[r]
+        lo = max(positions[r] - window + 1, 0) if window > 0 else 0
+        for h in range(n_heads):
+            kv = h // g
+            best = -np.inf
+            for j in range(lo, top + 1):
+                if has_tree and j >= first and not (tree[r] >> (j - first)) & 1:
+                    scores[j] = -np.inf
+                    continue
+                s = np.float32(0)
+                for i in range(e):
+                    s += qkv[r, h, i] * k_cache[kv, j, i]
+                scores[j] = s * scale
+                best = max(best, scores[j])
+            total = np.float32(0)
+            for j in range(lo, top + 1):
+                scores[j] = np.exp(scores[j] - best)
+                total += scores[j]
+            for i in range(e):
+                acc[i] = 0
+            for j in range(lo, top + 1):
+                p = scores[j]
+                if p != 0:
+                    for i in range(e):
+                        acc[i] += p * v_cache[kv, j, i]
+            for i in range(e):
+                out[r, h * e + i] = acc[i] / total
+
+
+def _block_front(x, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, eps, cos, sin, k_cache,
+                 v_cache, positions, slots, tree, has_tree, n_heads, n_kv, scale, window,
+                 ahead):  # pragma: no cover - runs compiled
+    # model.block for a Llama-shaped layer (RMSNorm, RoPE, SwiGLU, no biases) on x [T, D], as far
+    # as the MLP's SiLU: the loops above one after the other, in one call -> h = x + attn [T, D]
+    # and the MLP's two products of norm(h), gate and up [T, F]. The weights are the transposes
+    # [D_out, D_in] the product reads.
+    t, d = x.shape
+    e = 2 * cos.shape[1]
+    xn = np.empty_like(x)
+    _norm(x, attn_norm_w, eps, xn)
+    qkv = np.empty((t, wqkv.shape[0]), np.float32)
+    _product(xn, wqkv, qkv, ahead)
+    qkv = qkv.reshape((t, n_heads + 2 * n_kv, e))
+    _rope(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads, n_kv)
+    att = np.empty((t, n_heads * e), np.float32)
+    _attend(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale, window, att)
+    h = np.empty((t, d), np.float32)
+    _product(att, wo, h, ahead)
+    for r in range(t):
+        for i in range(d):
+            h[r, i] += x[r, i]  # x + attn
+    _norm(h, mlp_norm_w, eps, xn)
+    gate = np.empty((t, w_gate.shape[0]), np.float32)
+    up = np.empty((t, w_up.shape[0]), np.float32)
+    _product(xn, w_gate, gate, ahead)
+    _product(xn, w_up, up, ahead)
+    return h, gate, up
