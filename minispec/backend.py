@@ -221,9 +221,15 @@ def use_kernel(on: bool) -> Iterator[bool]:
     global _kernel_wanted
     before, _kernel_wanted = _kernel_wanted, bool(on)
     try:
-        yield _kernel_wanted and _compiled()
+        yield kernel_in_use()
     finally:
         _kernel_wanted = before
+
+
+def kernel_in_use() -> bool:
+    """Whether a product of a few rows goes through the kernel now (numba imports, and
+    use_kernel has not turned it off)."""
+    return _kernel_wanted and _compiled()
 
 
 def kernel_available() -> bool:

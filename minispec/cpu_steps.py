@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels
-from .backend import kernel_available, kernel_weight, matmul
+from .backend import kernel_available, kernel_in_use, kernel_weight, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
@@ -99,7 +99,8 @@ class NumbaKernels(PlainKernels):
 
     def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
         w = self._block_weights(p, tables)
-        if w is None:  # biases, LayerNorm, GELU, no RoPE: piece by piece
+        if w is None or not kernel_in_use():  # biases, LayerNorm, GELU, no RoPE; the products
+            # sent to NumPy (backend.use_kernel(False)): piece by piece
             return super().block(x, p, config, tables, k_cache, v_cache, positions, slots, tree)
         has_tree = tree is not None
         h, gate, up = self._k.block_front(  # x + attn, the MLP's gate and up products

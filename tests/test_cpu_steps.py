@@ -118,6 +118,29 @@ def test_a_block_in_one_call_equals_the_block_piece_by_piece(family):
     assert np.array_equal(caches[0].v[:, :, :n], caches[1].v[:, :, :n])
 
 
+def test_with_the_kernel_off_a_block_goes_piece_by_piece():
+    """backend.use_kernel(False) sends every product to NumPy, the block's too: the one-call
+    block (whose products are the kernel's) is not used then."""
+    from types import SimpleNamespace
+
+    from minispec.backend import use_kernel
+
+    _, fast, (_, cache) = _warm_pair("llama", 6, np.random.default_rng(5), 4)
+    kernels, calls = fast.fast_steps.kernels, []
+    loops = kernels._k
+
+    def counted(*args):
+        calls.append(1)
+        return loops.block_front(*args)
+
+    kernels._k = SimpleNamespace(**{**vars(loops), "block_front": counted})
+    with use_kernel(False):
+        fast.hidden_states([1, 2], cache)
+    assert calls == []
+    fast.hidden_states([3], cache)
+    assert len(calls) == fast.n_layers
+
+
 @pytest.fixture(scope="module")
 def shipped_fast():
     """The shipped pair on the CPU step (the target's matrices bfloat16 as stored)."""
