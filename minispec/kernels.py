@@ -23,9 +23,9 @@ _one = _rows = _product = _norm = _rope = _attend = None
 def compiled() -> SimpleNamespace | None:
     """The compiled loops (None without numba): product(x, wt, y, ahead), rms_norm,
     rope_store, attention and block_front, each named below without its underscore (and
-    `ahead`, for the product's last argument). numba
-    is imported on the first call, not with minispec; the machine code comes from numba's cache
-    (cache=True) after the first run on a machine."""
+    `ahead`, for the product's last argument). numba is imported on the first call, not with
+    minispec; the machine code comes from numba's cache (cache=True) after the first run on a
+    machine."""
     global _KERNELS, _prefetch, _eight, _tail, _widen, _one, _rows, _product, _norm, _rope
     global _attend
     if _KERNELS is None:
