@@ -35,7 +35,6 @@ from .backend import kernel_available, kernel_in_use, kernel_weight, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
-    static_block,
     static_head,
     static_hidden,
     static_layers,
@@ -154,8 +153,7 @@ class _BatchKernels:
     def _rows(self):
         return zip(self.bounds[:-1], self.bounds[1:])
 
-    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
-        return static_block(self, x, p, config, tables, k_cache, v_cache, positions, slots, tree)
+    block = PlainKernels.block  # piece by piece (static_block), on these kernels
 
     def rope_store(self, qkv, tables, k_caches, v_caches, positions, n_heads, n_kv, slots=None):
         for (a, b), k_cache, v_cache in zip(self._rows(), k_caches, v_caches):
