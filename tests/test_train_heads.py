@@ -185,3 +185,82 @@ def test_acceptance_counts_what_minispecs_drafter_drafts(tmp_path):
         assert all(np.diff(row).min() >= 0 for row in table[kind])
         assert np.diff(table[f"{kind}_by_rank"][0]).min() >= 0
         assert all(np.diff(row).max() <= 0 for row in table[f"{kind}_by_rank"][1:])
+
+
+FILES = [(f"pkg/mod{i}.py", f'''"""{"A module about parsing things. " * 6}"""
+
+
+def parse_{i}(text, strict=False):
+    """Split the text into fields.
+
+    {"They come back as a list of strings, stripped when strict is true. " * 3}"""
+    fields = text.split(",")
+    if strict:
+        fields = [f.strip() for f in fields]
+    return fields
+
+
+class Reader{i}:
+    def read_{i}(self, path):
+        with open(path) as f:
+            return f.read()
+''') for i in range(30)]
+
+
+def test_mix_prompts_give_each_kind_its_share_and_repeat_only_sampled():
+    th = _recipe()
+    n = 400
+    prompts, sampled, held = th.mix_prompts(FILES[:25], FILES[25:], n, 12,
+                                            np.random.default_rng(0))
+    assert len(prompts) == len(sampled) == sum(round(v * n) for v in th.MIX.values())
+
+    def kind(p):
+        if "Write a Python function:" in p:
+            return "docs"
+        if any(a in p for a in th.EDIT_ASKS):
+            return "edit"
+        if any(a in p for a in th.TEXT_ASKS):
+            return "grounded"
+        if any(a in p for a in th.CODE_ASKS) or not p.startswith("<|im_start|>"):
+            return "code"
+        return "chat"
+
+    counts = {}
+    for p in prompts:
+        counts[kind(p)] = counts.get(kind(p), 0) + 1
+    assert counts == {k: round(v * n) for k, v in th.MIX.items()}
+    greedy = {}
+    for p, s in zip(prompts, sampled):
+        greedy[p] = greedy.get(p, 0) + (not s)
+    assert max(greedy.values()) <= 1  # no greedy continuation is made twice
+    assert 0.3 < sum(greedy.values()) / len(greedy) < 0.7  # the distinct prompts: half greedy
+    assert all(th.bench_free(p) for p in prompts)
+    assert not set(held) & set(prompts) and len(held) == 12
+
+
+def test_generate_makes_greedy_and_sampled_batches_and_stops_at_its_deadline():
+    transformers = pytest.importorskip(
+        "transformers", reason="the recipe generates with transformers (pip install '.[train]')")
+    th = _recipe()
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [1, 5], [2, 2, 2], [3, 9]]
+    flags = [False, True, False, True, True, True]
+    out = th.generate(model, prompts, batch=2, new_tokens=5, eos=(), pad=0, seed=0,
+                      sampled=flags)
+    assert sorted(list(s[:L]) for s, L in out) == sorted(prompts)
+    assert all(len(s) == L + 5 for s, L in out)
+    greedy = {tuple(s[:L]): list(s) for s, L in th.generate(model, prompts, batch=6,
+                                                           new_tokens=5, eos=(), pad=0, seed=0,
+                                                           greedy_only=True)}
+    made = {tuple(s[:L]): list(s) for s, L in out}
+    for p, f in zip(prompts, flags):
+        if not f:  # a greedy batch's continuation is the model's argmax path
+            assert made[tuple(p)] == greedy[tuple(p)]
+    assert not all(made[tuple(p)] == greedy[tuple(p)] for p, f in zip(prompts, flags) if f)
+    once = th.generate(model, prompts, batch=2, new_tokens=5, eos=(), pad=0, seed=0,
+                       sampled=flags, seconds=0.0)
+    assert len(once) == 2  # no batch starts after the deadline; the first always runs

@@ -11,6 +11,9 @@ SmolLM2-135M-Instruct (converted by `python -m minispec real`) are the two it wa
    the training files' functions, and raw code prefixes of the training files. Nothing of
    minispec/real.py's benchmark prompts is used (`BENCH_WORDS` filters the training prompts), and
    a few templates, topics and the held-out stdlib files are kept for an unseen evaluation.
+   `--data mix`: requests in the kinds of minispec's four workloads (`MIX`: chat, code to
+   complete, code to edit, a text to answer from), for data made in bulk on a GPU
+   (`--device cuda`, `--gen-seconds`; weights/gpu_heads.sh runs it).
 2. **Features**, computed once: the last decoder layer's output BEFORE the final norm (a forward
    hook on model.model.layers[-1]: `output_hidden_states[-1]` is after the norm), kept in memory
    in F16; training never reruns the target. The target's distribution at a position is
@@ -56,6 +59,7 @@ Usage (from the repository root; needs torch and transformers)::
     python weights/train_heads.py --target ~/.cache/minispec/smollm2-135m-instruct --data chat \
         --draft-vocab 8192 --out-eagle weights/smollm2/eagle --out-medusa weights/smollm2/medusa
     python weights/train_heads.py --quick --out-eagle /tmp/e --out-medusa /tmp/m   # smoke run
+    bash weights/gpu_heads.sh      # SmolLM2's shipped heads, on a GPU (--device cuda --data mix)
 """
 
 from __future__ import annotations
@@ -181,31 +185,134 @@ def chat_prompts(train_files, heldout_files, n: int, n_eval: int, rng):
     return [str(p) for p in rng.permutation(pick)], [str(p) for p in held]
 
 
+# --data mix: requests in the four workloads' kinds (minispec/workloads.py), built on the stdlib
+# training files: code to complete, code to edit, a text to answer from, and chat
+CODE_ASKS = ["Complete this Python function.", "Complete this Python code.",
+             "Finish writing this code."]
+EDIT_ASKS = ["Add type hints to this function.", "Add a docstring to this function.",
+             "Add comments to this code.", "Rewrite this function with clearer variable names.",
+             "Explain what this code does.", "Make this function shorter without changing what "
+             "it does.", "Rewrite this code in a simpler way.", "Find the bugs in this code and "
+             "fix them.", "Rename the parameters of this function to longer, clearer names."]
+TEXT_ASKS = ["Summarize this text in one sentence.", "List the key terms this text uses, one per "
+             "line.", "Rewrite this text as a bulleted list.", "Quote the most important "
+             "sentence of this text.", "Rewrite this text in simpler words.", "Correct the "
+             "grammar of this text.", "List every function, class or parameter name this text "
+             "mentions, one per line.", "What does this text say is returned? Answer from the "
+             "text only.", "Turn this text into two questions and their answers.",
+             "Rewrite this text in a friendly tone."]
+MIX = {"chat": 0.35, "docs": 0.10, "code": 0.20, "edit": 0.15, "grounded": 0.20}
+
+
+def code_pieces(files, limit: int) -> tuple[list[str], list[str]]:
+    """(small whole functions of 4-25 lines, docstrings of 150-800 characters) from the files."""
+    funcs, docs = [], []
+    for _, text in files:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Module)):
+                doc = (ast.get_docstring(node) or "").strip()
+                if 150 <= len(doc) <= 800 and bench_free(doc):
+                    docs.append(doc)
+            if isinstance(node, ast.FunctionDef) and 4 <= node.end_lineno - node.lineno < 25:
+                body = lines[node.lineno - 1:node.end_lineno]
+                indent = len(body[0]) - len(body[0].lstrip())
+                code = "\n".join(v[indent:] for v in body)
+                if 60 <= len(code) <= 800 and bench_free(code):
+                    funcs.append(code)
+        if len(funcs) >= limit and len(docs) >= limit:
+            break
+    return funcs, docs
+
+
+def mix_prompts(train_files, heldout_files, n: int, n_eval: int, rng):
+    """(training prompts, their sampled flags, held-out prompts) as text for --data mix: the
+    shares of MIX of chat requests (templates x topics), "Write a Python function:" requests,
+    code to complete (half raw prefixes, half ChatML requests), code to edit and a docstring to
+    answer from (ChatML requests). Each distinct prompt comes once, alternately greedy and
+    sampled at T = 1; a kind with fewer distinct prompts than its share repeats them, sampled.
+    The held-out prompts are chat_prompts' (other templates and topics, held-out files)."""
+    pairs = [CHAT.format(t.format(x)) for t in TEMPLATES for x in TOPICS]
+    funcs, docs = code_pieces(train_files, n)
+    pools = {
+        "chat": [p for p in pairs if bench_free(p)],
+        "docs": [CHAT.format("Write a Python function: " + d)
+                 for d in docstring_lines(train_files, n)],
+        "code": [c if j % 2 else CHAT.format(f"{CODE_ASKS[j % 3]}\n\n```python\n{c}```")
+                 for j, c in enumerate(code_prefixes(train_files, rng, n))],
+        "edit": [CHAT.format(f"{EDIT_ASKS[int(rng.integers(len(EDIT_ASKS)))]}\n\n{c}")
+                 for c in funcs],
+        "grounded": [CHAT.format(f"{TEXT_ASKS[int(rng.integers(len(TEXT_ASKS)))]}\n\n{d}")
+                     for d in docs]}
+    prompts, flags = [], []
+    for kind, share in MIX.items():
+        pool = [str(p) for p in rng.permutation(list(dict.fromkeys(pools[kind])))]
+        if not pool:
+            print(f"--data mix: no {kind} prompts in these files", flush=True)
+            continue
+        want = round(share * n)
+        for j in range(want):
+            prompts.append(pool[j % len(pool)])
+            flags.append(j >= len(pool) or j % 2 == 1)
+    order = rng.permutation(len(prompts))
+    held = [CHAT.format(t.format(x)) for t in HELD_TEMPLATES for x in HELD_TOPICS]
+    held = list(rng.permutation(held))[: (2 * n_eval) // 3]
+    held += code_prefixes(heldout_files, rng, n_eval - len(held))
+    return ([prompts[i] for i in order], [flags[i] for i in order],
+            [str(p) for p in held])
+
+
 def generate(target, prompts, *, batch: int, new_tokens: int, eos, pad: int, seed: int,
-             greedy_only: bool = False, sampled_only: bool = False):
+             greedy_only: bool = False, sampled_only: bool = False, sampled=None,
+             seconds: float | None = None):
     """The target's continuations of `prompts` (lists of ids) -> list of (int64 array of
     prompt + continuation up to its first EOS, prompt length). Batches alternate greedy /
     sampled at T=1 (only greedy with greedy_only, only sampled with sampled_only); prompts are
-    left-padded within a batch."""
+    left-padded within a batch.
+
+    With `sampled` (one flag per prompt: sample it at T = 1, else greedy) the batches alternate
+    between the two groups, each taken in the prompts' order and sorted by length only within
+    a window of 8 batches; with `seconds`, no batch starts after that many seconds, so a
+    deadline keeps the mix of prompt kinds that the order has."""
     import torch
     from transformers import GenerationConfig
 
     torch.manual_seed(seed)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # little padding
-    out = []
-    for b, lo in enumerate(range(0, len(order), batch)):
-        rows = [prompts[i] for i in order[lo:lo + batch]]
+    if sampled is None:
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # little padding
+        plan = [(order[lo:lo + batch], sampled_only or (not greedy_only and b % 2 == 1))
+                for b, lo in enumerate(range(0, len(order), batch))]
+    else:
+        groups = []
+        for flag in (False, True):
+            group, batches = [i for i in range(len(prompts)) if bool(sampled[i]) == flag], []
+            for lo in range(0, len(group), 8 * batch):
+                window = sorted(group[lo:lo + 8 * batch], key=lambda i: len(prompts[i]))
+                batches += [(window[j:j + batch], flag) for j in range(0, len(window), batch)]
+            groups.append(batches)
+        greedy, samples = groups  # alternately, then what is left of the longer
+        plan = [b for pair in zip(greedy, samples) for b in pair]
+        n = min(len(greedy), len(samples))
+        plan += greedy[n:] + samples[n:]
+    out, t0 = [], time.time()
+    for idx, sample in plan:
+        if seconds is not None and out and time.time() - t0 > seconds:
+            break  # (the first batch always runs)
+        rows = [prompts[i] for i in idx]
         L = max(len(r) for r in rows)
         x = torch.tensor([[pad] * (L - len(r)) + r for r in rows], dtype=torch.int64)
         mask = torch.tensor([[0] * (L - len(r)) + [1] * len(r) for r in rows])
-        sample = sampled_only or (not greedy_only and b % 2 == 1)
         cfg = GenerationConfig(max_new_tokens=new_tokens, do_sample=sample,
                                temperature=1.0 if sample else None, top_k=0 if sample else None,
                                top_p=1.0 if sample else None, eos_token_id=list(eos) or None,
                                pad_token_id=pad, use_cache=True)
         with torch.no_grad():
             seq = target.generate(input_ids=x, attention_mask=mask, generation_config=cfg)
-        for r, row in zip(rows, seq[:, L:].numpy()):
+        for r, row in zip(rows, seq[:, L:].cpu().numpy()):
             stop = [j for j, t in enumerate(row) if t in eos]
             cont = row[: stop[0] + 1] if stop else row
             out.append((np.array(list(r) + list(cont), dtype=np.int64), len(r)))
@@ -362,7 +469,7 @@ def save_eagle(out: Path, layer, fc, shape: dict, fields: dict, extra=None) -> N
     tensors = {"fc.weight": fc.saved_weight(), "fc.bias": fc.bias}
     for name, p in layer.named_parameters():
         tensors[f"model.layers.0.{name}"] = p
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in tensors.items()}
+    tensors = {k: v.detach().to(torch.float16).cpu().contiguous() for k, v in tensors.items()}
     save_file({**tensors, **(extra or {})}, str(out / "model.safetensors"))
     config = {"eagle_version": 1, **shape, **fields}
     (out / "config.json").write_text(config_text(config))
@@ -481,12 +588,12 @@ def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps:
     def smooth(total, n, rising=lambda row: True):
         out = []
         for s in range(len(n)):
-            have = (n[s] > 0).numpy()
+            have = (n[s] > 0).cpu().numpy()
             if not have.any():
                 out.append([0.0] * K)
                 continue
-            rate = (total[s][n[s] > 0] / n[s][n[s] > 0]).numpy()
-            fit = isotonic_regression(rate, weights=n[s][n[s] > 0].numpy(),
+            rate = (total[s][n[s] > 0] / n[s][n[s] > 0]).cpu().numpy()
+            fit = isotonic_regression(rate, weights=n[s][n[s] > 0].cpu().numpy(),
                                       increasing=rising(s)).x
             full = np.interp(np.arange(K), np.flatnonzero(have), fit)  # empty bins: neighbours'
             out.append([round(float(v), 4) for v in np.clip(full, 0.0, 1.0)])
@@ -512,9 +619,9 @@ def load_eagle_torch(path: Path, shape: dict, gains=(1.0, 1.0)):
     """(layer, fc) holding the EAGLE head this script saved in `path` (F16 -> float32)."""
     from safetensors.torch import load_file
 
-    saved = load_file(str(path / "model.safetensors"))
     layer, fc = build_layer(shape), gained_linear(2 * shape["hidden_size"],
                                                   shape["hidden_size"], gains)
+    saved = load_file(str(path / "model.safetensors"), device=str(fc.weight.device))
     fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
     layer.load_state_dict({k[len("model.layers.0."):]: v.float()
                            for k, v in saved.items() if k.startswith("model.layers.0.")})
@@ -532,6 +639,7 @@ def calibrate(path: Path, target, held, *, new_tokens: int, eos, pad: int, seed:
     layer, fc, cut = load_eagle_torch(path, cfg)
     if cut is None:
         cut = torch.arange(target.config.vocab_size)
+    cut = cut.to(target.device)
     t = time.time()
     prompts = [[int(v) for v in s[:L]] for (s, L), _ in held]
     sampled = generate(target, prompts, batch=16, new_tokens=new_tokens, eos=eos, pad=pad,
@@ -545,7 +653,7 @@ def calibrate(path: Path, target, held, *, new_tokens: int, eos, pad: int, seed:
         starts = [L for (_, L), _ in held] if kind == "greedy" else [L for _, L in sampled]
         tables[kind] = acceptance(layer, fc, target.model.embed_tokens, target.model.norm,
                                   target.lm_head.weight, cut.long(),
-                                  [torch.as_tensor(s).numpy() for s in seqs], feats, starts,
+                                  [np.asarray(s) for s in seqs], feats, starts,
                                   sampled_text=kind == "sampled")
     g, s_ = tables["greedy"], tables["sampled"]
     table = {"confidence_edges": g["confidence_edges"], "greedy": g["greedy"],
@@ -577,7 +685,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", default=str(HERE / "target"), help="a Hugging Face Llama dir")
     ap.add_argument("--out-eagle", default=None, help="where the EAGLE head goes (none: skip)")
     ap.add_argument("--out-medusa", default=None, help="where the Medusa heads go (none: skip)")
-    ap.add_argument("--data", choices=("code", "chat"), default="code",
+    ap.add_argument("--data", choices=("code", "chat", "mix"), default="code",
                     help="prompts: stdlib code prefixes, or ChatML requests + code")
     ap.add_argument("--seqs", type=int, default=1024, help="training continuations")
     ap.add_argument("--new-tokens", type=int, default=160, help="most new tokens per sequence")
@@ -613,6 +721,19 @@ def main(argv: list[str] | None = None) -> None:
                          "confidence on the held-out sets of --data-cache and write it into "
                          "DIR/config.json (what its stop rule reads)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu",
+                    help="torch device for everything (cuda: float32 matmuls in TF32)")
+    ap.add_argument("--gen-seconds", type=float, default=None,
+                    help="--data mix: start no generation batch after this many seconds")
+    ap.add_argument("--max-prompt-tokens", type=int, default=0,
+                    help="--data mix: drop longer prompts (0: keep all)")
+    ap.add_argument("--feature-batch", type=int, default=8,
+                    help="sequences per forward pass when computing features")
+    ap.add_argument("--eagle-seconds", type=float, default=None,
+                    help="cut EAGLE's schedule to what fits in this many seconds (timed on "
+                         "its first steps)")
+    ap.add_argument("--medusa-seconds", type=float, default=None,
+                    help="the same for the Medusa heads")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a ~1 minute smoke run")
     args = ap.parse_args(argv)
@@ -643,6 +764,12 @@ def main(argv: list[str] | None = None) -> None:
     times = {}
     t_start = t = time.time()
     target = LlamaForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # ~1e-3 relative, far under the heads' error
+        torch.backends.cudnn.allow_tf32 = True
+    target.to(dev)
+    torch.set_default_device(dev)  # every tensor made below lives beside the target
     for prm in target.parameters():
         prm.requires_grad_(False)
     tc = target.config
@@ -661,7 +788,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--calibrate-eagle: needs --data-cache files made before (it measures "
                          "on their held-out sets)")
     if caches and all(c.is_file() for c in caches):  # several: joined, the first's eval set
-        parts = [torch.load(c, weights_only=False) for c in caches]
+        parts = [torch.load(c, weights_only=False, map_location=dev) for c in caches]
         data = {k: sum((d[k] for d in parts), []) for k in ("train", "feats")}
         data.update(eval=parts[0]["eval"], eval_feats=parts[0]["eval_feats"])
         held_all = [(e, h) for d in parts for e, h in zip(d["eval"], d["eval_feats"])]
@@ -684,12 +811,22 @@ def main(argv: list[str] | None = None) -> None:
             evals = generate(target, held, batch=args.gen_batch, new_tokens=args.new_tokens,
                              eos=(), pad=0, seed=args.seed, greedy_only=True)
         else:
-            prompts, held = chat_prompts(train_files, heldout_files, args.seqs,
-                                         args.eval_seqs, rng)
+            flags = None
+            if args.data == "mix":
+                prompts, flags, held = mix_prompts(train_files, heldout_files, args.seqs,
+                                                   args.eval_seqs, rng)
+            else:
+                prompts, held = chat_prompts(train_files, heldout_files, args.seqs,
+                                             args.eval_seqs, rng)
             enc = [tok.encode(p, add_special_tokens=False).ids for p in prompts]
+            if args.max_prompt_tokens:
+                keep = [j for j, e in enumerate(enc) if len(e) <= args.max_prompt_tokens]
+                enc = [enc[j] for j in keep]
+                flags = [flags[j] for j in keep] if flags is not None else None
             pad = eos[-1]
             train = generate(target, enc, batch=args.gen_batch, new_tokens=args.new_tokens,
-                             eos=eos, pad=pad, seed=args.seed)
+                             eos=eos, pad=pad, seed=args.seed, sampled=flags,
+                             seconds=args.gen_seconds)
             evals = generate(target, [tok.encode(p, add_special_tokens=False).ids
                                       for p in held],
                              batch=args.gen_batch, new_tokens=args.new_tokens, eos=eos,
@@ -712,7 +849,8 @@ def main(argv: list[str] | None = None) -> None:
     seqs = [s for s, _ in train]
     eval_seqs = [s for s, _ in evals]
     if "feats" not in data:
-        data["feats"], data["eval_feats"] = features(target, seqs), features(target, eval_seqs)
+        data["feats"] = features(target, seqs, args.feature_batch)
+        data["eval_feats"] = features(target, eval_seqs, args.feature_batch)
         if cache is not None:
             torch.save(data, cache)
     feats, eval_feats = data["feats"], data["eval_feats"]
@@ -739,7 +877,7 @@ def main(argv: list[str] | None = None) -> None:
     coverage = float(np.isin(held_tokens, cut).mean())
     print(f"draft vocabulary {len(cut)} of {V}: covers {coverage:.4f} of the held-out greedy "
           f"tokens ({len(held_tokens)})", flush=True)
-    cut_t = torch.from_numpy(cut)
+    cut_t = torch.from_numpy(cut).to(dev)
     W_cut = target.lm_head.weight[cut_t].detach().clone()  # [N, D]
     norm = target.model.norm
 
@@ -766,11 +904,25 @@ def main(argv: list[str] | None = None) -> None:
     target_id = {"model_type": tc.model_type, "hidden_size": tc.hidden_size,
                  "num_hidden_layers": tc.num_hidden_layers, "vocab_size": V}
     cut_fields = {"draft_vocab_size": len(cut)} if len(cut) < V else {}
-    cut_tensor = {"draft_vocab": cut_t.clone()} if len(cut) < V else {}
+    cut_tensor = {"draft_vocab": cut_t.cpu().clone()} if len(cut) < V else {}
     D = tc.hidden_size
     report = {"target": args.target, "data": args.data, "train_seqs": len(train),
               "generated_tokens": int(n_new), "eval_seqs": len(evals),
-              "draft_vocab": len(cut), "coverage": round(coverage, 4), "threads": args.threads}
+              "draft_vocab": len(cut), "coverage": round(coverage, 4), "threads": args.threads,
+              "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}
+
+    def within(plan, step, t0, seconds):
+        """The plan cut, at step 8, to the steps that fit in `seconds` at the pace so far."""
+        if seconds is None or step != 8:
+            return plan
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        pace = (time.time() - t0) / step
+        steps = max(step + 1, int(seconds / pace))
+        if steps < len(plan):
+            print(f"{len(plan)} steps planned, {steps} fit in {seconds:.0f} s "
+                  f"({pace:.3f} s a step)", flush=True)
+        return plan[:steps]
 
     def chain_accept(match):
         """match [S, B, T']: step s's argmax at chain start c right -> mean accepted length."""
@@ -811,7 +963,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
             from safetensors.torch import load_file
 
-            saved = load_file(str(Path(args.init_eagle) / "model.safetensors"))
+            saved = load_file(str(Path(args.init_eagle) / "model.safetensors"), device=str(dev))
             fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
             layer.load_state_dict({k[len("model.layers.0."):]: v.float()
                                    for k, v in saved.items() if k.startswith("model.layers.0.")})
@@ -820,6 +972,9 @@ def main(argv: list[str] | None = None) -> None:
         opt = torch.optim.AdamW(params, lr=args.eagle_lr, weight_decay=0.0, betas=(0.9, 0.95))
         plan = schedule(args.eagle_epochs)
         for step, idx in enumerate(plan):
+            plan = within(plan, step, t, args.eagle_seconds)
+            if step == len(plan):
+                break
             lr = recipe.lr_at(step, len(plan), args.eagle_lr, max(1, len(plan) // 20))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -895,7 +1050,7 @@ def main(argv: list[str] | None = None) -> None:
         b = torch.nn.Parameter(torch.zeros(K, D))
         if args.init_medusa:  # continue a run: the heads this script saved (F16)
             from safetensors.torch import load_file
-            st = load_file(str(Path(args.init_medusa) / "model.safetensors"))
+            st = load_file(str(Path(args.init_medusa) / "model.safetensors"), device=str(dev))
             if (f"medusa_head.{K - 1}.weight" not in st
                     or st["medusa_head.0.weight"].shape != W[0].shape):
                 raise SystemExit(f"--init-medusa {args.init_medusa}: expected {K} heads of "
@@ -911,6 +1066,9 @@ def main(argv: list[str] | None = None) -> None:
 
         plan = schedule(args.medusa_epochs)
         for step, idx in enumerate(plan):
+            plan = within(plan, step, t, args.medusa_seconds)
+            if step == len(plan):
+                break
             lr = recipe.lr_at(step, len(plan), args.medusa_lr, max(1, len(plan) // 20))
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -954,8 +1112,8 @@ def main(argv: list[str] | None = None) -> None:
         out.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for k in range(K):
-            tensors[f"medusa_head.{k}.weight"] = W[k].detach().to(torch.float16).contiguous()
-            tensors[f"medusa_head.{k}.bias"] = b[k].detach().to(torch.float16).contiguous()
+            tensors[f"medusa_head.{k}.weight"] = W[k].detach().to(torch.float16).cpu()
+            tensors[f"medusa_head.{k}.bias"] = b[k].detach().to(torch.float16).cpu()
         save_file({**tensors, **cut_tensor}, str(out / "model.safetensors"))
         config = {"medusa_num_heads": K, "hidden_size": D, "target": target_id, **cut_fields,
                   "about": "Medusa-1 heads: head k (0-based) guesses the token k + 2 positions "
