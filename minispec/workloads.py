@@ -212,11 +212,14 @@ def predict(prompt_lens: list[int], results, costs: dict[int, float], overhead_s
 
 # knobs tried by `tune` (NAME:key=value,...; gamma is the loop's, the rest make_drafter's or
 # AutoDrafter's): how long a lookup's copy may be (ngram's gamma; auto's first and shortest copy,
-# its gamma), the shortest match that starts a copy (eagle's copy, auto's lookup), and gamma
+# its gamma), the shortest match that starts a copy (eagle's copy, auto's lookup), how long a
+# head's chain may be (eagle's stop and gamma; auto's chain), and gamma
 CANDIDATES = (
     "ngram:gamma=4", "ngram:gamma=8",
-    "eagle:stop=0.15,gamma=4", "eagle:stop=0.15,copy=1,gamma=4",
+    "eagle:stop=0.15,gamma=4", "eagle:stop=0.15,gamma=6", "eagle:stop=0.15,copy=1,gamma=4",
     "eagle:stop=0.15,copy=2,gamma=4", "eagle:stop=0.15,copy=2,gamma=8",
+    "eagle:stop=0.3,copy=2,gamma=8",
+    "auto:lookup=2,chain=4,gamma=16", "auto:lookup=2,chain=6,gamma=16",
     "auto:lookup=1,gamma=16", "auto:lookup=2,gamma=16", "auto:lookup=3,gamma=16",
     "auto:lookup=2,gamma=8", "auto:lookup=2,first=4,gamma=16", "auto:lookup=2,first=16,gamma=16",
     "auto:lookup=2,shortest=2,gamma=16", "auto:lookup=2,shortest=8,gamma=16",
@@ -236,7 +239,7 @@ def make_candidate(spec: str, target):
         except ValueError:
             raise MinispecError(f"--candidates: {spec!r}: {item!r} is no key=number") from None
     gamma = kw.pop("gamma", DEFAULT_GAMMA)
-    extra = {k: kw.pop(k) for k in ("first", "shortest", "max_n") if k in kw}
+    extra = {k: kw.pop(k) for k in ("first", "shortest", "max_n", "chain") if k in kw}
     try:
         drafter = make_drafter(name, target, **kw)
     except TypeError as e:

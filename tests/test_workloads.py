@@ -159,6 +159,21 @@ def test_each_round_is_a_lookup_where_the_suffix_recurs_else_the_heads_draft(min
     assert kinds == {"head", "lookup"}
 
 
+def test_chain_caps_the_heads_round_and_not_the_lookups():
+    warp = minispec.Sampling(1.0).warp
+    context = [3, 17, 5, 40, 41]  # no suffix recurs: the head drafts
+    auto = _started(AutoDrafter(TARGET, random_eagle(TARGET, seed=2), 2, chain=2), context)
+    d = auto.propose(context, 8, warp, np.random.default_rng(0))
+    head = _started(random_eagle(TARGET, seed=2), context)
+    plain = head.propose(context, 2, warp, np.random.default_rng(0))
+    assert len(d.tokens) == 2 and d.tokens.tolist() == plain.tokens.tolist()
+    np.testing.assert_array_equal(d.q, plain.q)
+    copying = _started(AutoDrafter(TARGET, None, 1, first=6, chain=2), [5, 6, 5])
+    assert len(copying.propose([5, 6, 5, 6, 5, 6, 5], 8, None, None).tokens) == 6
+    with pytest.raises(MinispecError, match="chain"):
+        AutoDrafter(TARGET, None, chain=0)
+
+
 def test_the_copy_grows_while_it_is_kept_and_shrinks_after_a_rejection():
     auto = _started(AutoDrafter(TARGET, None, 1, first=2, shortest=3), [5, 6, 5])
     lengths = []

@@ -40,6 +40,7 @@ LOOKUP_MIN_N = 2  # a lookup owns the round when the context's last 2+ tokens re
 LOOKUP_MAX_N = 3  # the longest suffix looked up (the longest that recurs picks the copy)
 LOOKUP_FIRST = 8  # a generation's first lookup round copies up to 8 tokens
 LOOKUP_SHORTEST = 4  # after a rejection, a copy of at least 4
+HEAD_CHAIN = 4  # the most drafts a head round holds (tuned: weights/README.md; None: gamma)
 
 
 def _count(value, what: str, least: int = 1) -> int:
@@ -54,19 +55,22 @@ class AutoDrafter(TreeDrafter):
     drafts, a plain target step, where no head fits the target).
 
     first: the most tokens a generation's first lookup round copies; shortest: the least a copy
-    shrinks to after a rejection (see the module docstring). `lookup_rounds` and `head_rounds`
-    count the rounds each drafted since `start`.
+    shrinks to after a rejection (see the module docstring); chain: the most drafts a head round
+    holds (None: the loop's gamma, which the head's confidence usually ends sooner).
+    `lookup_rounds` and `head_rounds` count the rounds each drafted since `start`.
     """
 
     name = "auto"
 
     def __init__(self, target, head, min_n: int = LOOKUP_MIN_N, max_n: int = LOOKUP_MAX_N,
-                 first: int = LOOKUP_FIRST, shortest: int = LOOKUP_SHORTEST) -> None:
+                 first: int = LOOKUP_FIRST, shortest: int = LOOKUP_SHORTEST,
+                 chain: int | None = HEAD_CHAIN) -> None:
         super().__init__(target)
         self.min_n, self.max_n = _count(min_n, "min_n"), _count(max_n, "max_n")
         if self.max_n < self.min_n:
             raise MinispecError(f"auto: max_n ({max_n}) must be >= min_n ({min_n})")
         self.first, self.shortest = _count(first, "first"), _count(shortest, "shortest")
+        self.chain = None if chain is None else _count(chain, "chain")
         if head is not None and head.target is not target:
             raise MinispecError("auto: the head must be made for the same target")
         self.head = head
@@ -99,7 +103,8 @@ class AutoDrafter(TreeDrafter):
             return Draft(np.array(drafts, dtype=np.int64), one_hot(drafts, self.vocab_size))
         if self.head is None:
             return self.empty_draft()
-        draft = self.head.propose(context, gamma, warp, rng)
+        chain = gamma if self.chain is None else min(gamma, self.chain)
+        draft = self.head.propose(context, chain, warp, rng)
         self.calls = self.head.calls
         self.head_rounds += 1
         return draft
