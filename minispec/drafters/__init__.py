@@ -32,7 +32,7 @@ from ..core.drafter import (
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 from ..shipped import SHIPPED
-from .auto import LOOKUP_MIN_N, AutoDrafter
+from .auto import HEAD_CHAIN, LOOKUP_MIN_N, AutoDrafter
 from .draft_model import TunedModelDrafter
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
@@ -71,7 +71,7 @@ PRESET_GAMMA = {"auto": AUTO_GAMMA}
 
 __all__ = [
     "AUTO_GAMMA", "AutoDrafter", "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP",
-    "EagleDrafter", "EarlyExitDrafter", "MODEL_STOP", "MedusaDrafter", "ModelDrafter",
+    "EagleDrafter", "EarlyExitDrafter", "HEAD_CHAIN", "MODEL_STOP", "MedusaDrafter", "ModelDrafter",
     "NgramDrafter", "NoDrafter", "PRESETS", "PRESET_GAMMA",
     "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
     "find_ngram", "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa",
@@ -100,7 +100,8 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     "auto" drafts by prompt lookup in the rounds where the context's last `lookup` tokens
     (default LOOKUP_MIN_N) recur in it, and with the EAGLE head in the others: the head of
     eagle_dir (default: the shipped head for this target) as the eagle-copy preset drafts (stop
-    and copy, default EAGLE_STOP and EAGLE_COPY); by lookup alone where no shipped head fits.
+    and copy, default EAGLE_STOP and EAGLE_COPY), at most HEAD_CHAIN drafts a round; by lookup
+    alone where no shipped head fits.
     Options a drafter does not use are ignored.
     """
     if name == "model":

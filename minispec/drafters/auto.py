@@ -8,7 +8,8 @@ nothing, or something wrong. The EAGLE head (eagle.py) costs a small layer per d
 new text too. AutoDrafter asks, at the start of each round, whether the context's last `min_n`
 or more tokens occurred earlier in it: if so the round copies what followed (one-hot q); if not,
 the head drafts (eagle-copy's chain: ended by its confidence, copying once a draft agrees with a
-lookup).
+lookup, and at most `chain` drafts long: a longer chain's drafts cost a head step and a verify row
+each, and with a well-trained head they ran long enough not to pay).
 
 How much a lookup round copies adapts, as gamma="auto" does for the loop (Leviathan et al.
 leave gamma to the user; Hugging Face's "heuristic" schedule grows it after a fully accepted
