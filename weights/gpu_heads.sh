@@ -42,7 +42,8 @@ python3 -c "from minispec.real import converted; converted('$GGUF', '$SMOL')"
 python3 weights/train_heads.py --target "$SMOL" --device cuda --data mix --seqs "${SEQS:-40000}" \
     --new-tokens 160 --gen-batch 1024 --gen-seconds "${GEN_S:-140}" --max-prompt-tokens 192 \
     --eval-seqs 48 --feature-batch 64 --draft-vocab 8192 --batch 64 \
-    --init-eagle "${INIT_EAGLE:-weights/smollm2/eagle}" --eagle-epochs 20 --eagle-seconds "${EAGLE_S:-90}" \
+    --init-eagle "${INIT_EAGLE:-weights/smollm2/eagle}" --eagle-epochs 20 \
+    --eagle-seconds "${EAGLE_S:-90}" \
     --eagle-lr 7e-4 --ce 0.5 --ttt 4 --reg 0.1 \
     --init-medusa weights/smollm2/medusa --medusa-epochs 20 --medusa-seconds "${MEDUSA_S:-20}" \
     --medusa-lr 1e-3 --seed "${SEED:-11}" --out-eagle "$OUT/eagle" --out-medusa "$OUT/medusa" \

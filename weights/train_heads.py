@@ -615,17 +615,23 @@ def acceptance(layer, fc, embed, norm, lm_head, cut, seqs, feats, starts, steps:
                      "of it); weights/train_heads.py on held-out greedy continuations"}
 
 
-def load_eagle_torch(path: Path, shape: dict, gains=(1.0, 1.0)):
-    """(layer, fc) holding the EAGLE head this script saved in `path` (F16 -> float32)."""
+def load_saved_eagle(layer, fc, path: Path):
+    """Load the EAGLE head this script saved in `path` (F16 -> float32) into `layer` and `fc`, on
+    their device -> its draft vocabulary (None without one)."""
     from safetensors.torch import load_file
 
-    layer, fc = build_layer(shape), gained_linear(2 * shape["hidden_size"],
-                                                  shape["hidden_size"], gains)
-    saved = load_file(str(path / "model.safetensors"), device=str(fc.weight.device))
+    saved = load_file(str(Path(path) / "model.safetensors"), device=str(fc.weight.device))
     fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
     layer.load_state_dict({k[len("model.layers.0."):]: v.float()
                            for k, v in saved.items() if k.startswith("model.layers.0.")})
-    return layer, fc, saved.get("draft_vocab")
+    return saved.get("draft_vocab")
+
+
+def load_eagle_torch(path: Path, shape: dict, gains=(1.0, 1.0)):
+    """(layer, fc, draft vocabulary) holding the EAGLE head this script saved in `path`."""
+    layer, fc = build_layer(shape), gained_linear(2 * shape["hidden_size"],
+                                                  shape["hidden_size"], gains)
+    return layer, fc, load_saved_eagle(layer, fc, path)
 
 
 def calibrate(path: Path, target, held, *, new_tokens: int, eos, pad: int, seed: int) -> None:
@@ -724,9 +730,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cpu",
                     help="torch device for everything (cuda: float32 matmuls in TF32)")
     ap.add_argument("--gen-seconds", type=float, default=None,
-                    help="--data mix: start no generation batch after this many seconds")
+                    help="--data chat/mix: start no generation batch after this many seconds "
+                         "(chat's batches go shortest prompts first)")
     ap.add_argument("--max-prompt-tokens", type=int, default=0,
-                    help="--data mix: drop longer prompts (0: keep all)")
+                    help="--data chat/mix: drop longer prompts (0: keep all)")
     ap.add_argument("--feature-batch", type=int, default=8,
                     help="sequences per forward pass when computing features")
     ap.add_argument("--eagle-seconds", type=float, default=None,
@@ -961,12 +968,7 @@ def main(argv: list[str] | None = None) -> None:
         layer = build_layer(shape)
         fc = gained_linear(2 * D, D, gains)
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
-            from safetensors.torch import load_file
-
-            saved = load_file(str(Path(args.init_eagle) / "model.safetensors"), device=str(dev))
-            fc.load_saved(saved["fc.weight"].float(), saved["fc.bias"].float())
-            layer.load_state_dict({k[len("model.layers.0."):]: v.float()
-                                   for k, v in saved.items() if k.startswith("model.layers.0.")})
+            load_saved_eagle(layer, fc, args.init_eagle)
         embed = target.model.embed_tokens
         params = list(layer.parameters()) + list(fc.parameters())
         opt = torch.optim.AdamW(params, lr=args.eagle_lr, weight_decay=0.0, betas=(0.9, 0.95))
