@@ -1,7 +1,7 @@
 """A draft vocabulary (minispec/drafters/vocab.py, FR-Spec): heads that propose only some tokens
-compute exactly those logits, decode greedily as the target does, stay exact when sampling,
-load from files with their ids, and bad ids are named; make_drafter finds the heads made for a
-target and refuses the others by name."""
+compute those logits (from the kept rows, held in bfloat16 on the CPU), decode greedily as the
+target does, stay exact when sampling, load from files with their ids, and bad ids are named;
+make_drafter finds the heads made for a target and refuses the others by name."""
 
 import json
 
@@ -11,12 +11,13 @@ from conftest import tiny_config
 from stats_helpers import sample_joint
 
 import minispec
+from minispec.backend import BF16, kernel_available
 from minispec.drafters import load_eagle, load_medusa, make_drafter, random_eagle, random_medusa
 from minispec.drafters.files import find_head_dir, target_signature
 from minispec.drafters.vocab import DraftVocab
 from minispec.errors import MinispecError
 from minispec.loader import random_model
-from minispec.safetensors import SafetensorsFile, save_file
+from minispec.safetensors import SafetensorsFile, bf16_to_f32, f32_to_bf16, save_file
 from minispec.tree import TreeDrafter
 
 TARGET = random_model(tiny_config(), seed=0, scale=0.5)
@@ -32,8 +33,16 @@ def with_vocab(drafter, ids):
 def test_the_cut_head_computes_the_kept_rows_and_nothing_else():
     h = TARGET.hidden_states([3, 17, 5, 8], TARGET.new_cache(8))
     full = np.asarray(TARGET.lm_head(h))
-    cut = DraftVocab(TARGET, CUT)(h)
-    np.testing.assert_allclose(cut[:, CUT], full[:, CUT], rtol=1e-5, atol=1e-5)
+    head = DraftVocab(TARGET, CUT)
+    cut = head(h)
+    rows = TARGET.weights["lm_head"][:, CUT]  # [D, N] float32
+    if kernel_available():  # the kept rows held rounded to bfloat16 (read by the kernel)
+        assert head.w.dtype == BF16
+        rows = bf16_to_f32(f32_to_bf16(rows))
+    else:
+        assert head.w.dtype == np.float32
+    np.testing.assert_allclose(cut[:, CUT], TARGET.lm_head(h, rows), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(cut[:, CUT], full[:, CUT], rtol=0, atol=0.05)  # rounding only
     assert np.isneginf(np.delete(cut, CUT, axis=1)).all()
     np.testing.assert_array_equal(DraftVocab(TARGET)(h), full)
     assert DraftVocab(TARGET, CUT).size == CUT.size and DraftVocab(TARGET).size == V

@@ -10,7 +10,7 @@ import pytest
 from conftest import FAMILIES, tiny_config
 
 import minispec
-from minispec.backend import to_host
+from minispec.backend import kernel_available, to_host
 from minispec.drafters.eagle import close_under_ancestors, load_eagle, random_eagle
 from minispec.errors import MinispecError
 from minispec.loader import random_model
@@ -74,7 +74,7 @@ def test_dynamic_trees_keep_ancestors():
     assert close_under_ancestors([0, 1], [-1, -1, 0]) == [0, 1]
 
 
-def _write(path, drafter, config=None, drop=None, poison=False):
+def _write(path, drafter, config=None, drop=None, poison=False, dtype=np.float32):
     path.mkdir(parents=True, exist_ok=True)
     layer = drafter.layer.weights["layers"][0]
     c = drafter.layer.config
@@ -94,7 +94,7 @@ def _write(path, drafter, config=None, drop=None, poison=False):
         del t[drop]
     if poison:
         t["fc.bias"] = np.full_like(t["fc.bias"], np.nan)
-    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in t.items()},
+    save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in t.items()},
               path / "model.safetensors")
     cfg = {"hidden_size": c.hidden_size, "num_attention_heads": H, "num_key_value_heads": K,
            "head_dim": E, "intermediate_size": c.intermediate_size, "rms_norm_eps": c.norm_eps}
@@ -129,6 +129,33 @@ def test_a_head_written_to_files_drafts_the_same_and_bad_files_are_named(tmp_pat
             load_eagle(tmp_path / field, TARGET)
     with pytest.raises(MinispecError, match="dynamic"):
         random_eagle(TARGET, dynamic=(2, 6))
+
+
+def test_a_float16_head_is_kept_as_stored_and_drafts_as_its_float32_copy(tmp_path):
+    # on the CPU with the kernel, the head's matrices (its layer's and fc) stay float16, as a
+    # model's do, widened in registers: the same logits, bit for bit, as the same values held
+    # in float32 (each product sums in the same order)
+    _write(tmp_path / "h", random_eagle(TARGET, seed=5), dtype=np.float16)
+    kept, wide = load_eagle(tmp_path / "h", TARGET), load_eagle(tmp_path / "h", TARGET)
+    wide.fc_w = np.ascontiguousarray(wide.fc_w.T, dtype=np.float32).T
+    for name, w in wide.layer.weights["layers"][0].items():
+        if isinstance(w, np.ndarray) and w.ndim == 2:
+            wide.layer.weights["layers"][0][name] = np.ascontiguousarray(w.T, np.float32).T
+    if kernel_available():
+        assert kept.fc_w.dtype == kept.layer.weights["layers"][0]["w_up"].dtype == np.float16
+    prompt = [3, 17, 5, 8, 8, 1]
+    cache = TARGET.new_cache(32)
+    feats = TARGET.hidden_states(prompt, cache)
+    for d in (kept, wide):
+        d.start(prompt, cache)
+        d.accept(prompt + [4], feats)
+    g_kept, g_wide = kept.catch_up(prompt + [4]), wide.catch_up(prompt + [4])
+    np.testing.assert_array_equal(g_kept, g_wide)
+    np.testing.assert_array_equal(kept.draft_head(g_kept), wide.draft_head(g_wide))
+    runs = [minispec.speculative_generate(TARGET, d, prompt, gamma=3, max_new_tokens=16,
+                                          temperature=1.0, seed=2) for d in (kept, wide)]
+    assert runs[0].tokens == runs[1].tokens
+    assert [r.drafted for r in runs[0].stats.rounds] == [r.drafted for r in runs[1].stats.rounds]
 
 
 @pytest.mark.skipif(not (WEIGHTS / "eagle" / "model.safetensors").exists(),

@@ -11,6 +11,7 @@ from conftest import tiny_config
 from scipy.special import expit
 
 import minispec
+from minispec.backend import kernel_available
 from minispec.drafters import MedusaDrafter, load_medusa, random_medusa
 from minispec.errors import MinispecError
 from minispec.loader import random_model
@@ -65,6 +66,16 @@ def test_heads_written_to_files_load_back(tmp_path):
     for (w, b), (w2, b2) in zip(heads, drafter.heads):
         np.testing.assert_allclose(w2.T, np.float16(w), atol=1e-6)
         np.testing.assert_allclose(b2, np.float16(b), atol=1e-6)
+        # kept as stored on the CPU (the kernel widens them in registers), else float32
+        assert w2.dtype == (np.float16 if kernel_available() else np.float32)
+    # the same guesses, bit for bit, as the same values held in float32
+    wide = load_medusa(tmp_path / "m", TARGET, (2, 1))
+    wide.heads = [(np.ascontiguousarray(w.T, dtype=np.float32).T, b) for w, b in wide.heads]
+    prompt = [3, 17, 5, 8]
+    h = TARGET.hidden_states(prompt, TARGET.new_cache(8))
+    for d in (drafter, wide):
+        d.accept(prompt, h)
+    np.testing.assert_array_equal(drafter.guesses(), wide.guesses())
 
 
 def test_bad_heads_are_named(tmp_path):

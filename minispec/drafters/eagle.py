@@ -52,16 +52,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import kernel_available, to_host
+from ..backend import to_host
 from ..config import ModelConfig, positive_float
 from ..core.drafter import Draft
 from ..core.model import Model, linear
 from ..core.sampling import sample
 from ..errors import MinispecError
-from ..loader import _build_weights, as_stored_putter, random_model
+from ..loader import _build_weights, random_model
 from ..safetensors import SafetensorsFile
 from ..tree import TreeDrafter, tree_layers
-from .files import read_head_dir
+from .files import as_stored_heads, head_matrix, read_head_dir
 from .ngram import copy_from, find_ngram, one_hot
 from .tree_model import check_shape, children, sibling_mode
 from .vocab import DraftVocab, read_draft_vocab
@@ -119,10 +119,7 @@ class EagleDrafter(TreeDrafter):
                                 f"{layer.config.hidden_size}, {np.shape(fc_w)}, {np.shape(fc_b)}")
         xp = target.xp
         self.layer = layer
-        # stored [D, 2D], one output per row, and used through its transpose, as loader.py
-        # stores the target's weights: the few-rows kernel multiplies it
-        self.fc_w = xp.asarray(np.ascontiguousarray(np.asarray(to_host(fc_w)).T,
-                                                    dtype=target.dtype)).T  # [2D, D]
+        self.fc_w = head_matrix(xp, np.asarray(to_host(fc_w)).T, target.dtype)  # [2D, D]
         self.fc_b = xp.asarray(np.asarray(to_host(fc_b), dtype=target.dtype))
         # a dynamic tree keeps at most `nodes` of the candidates: the shape alone may be larger
         self.shape = None if shape is None else check_shape(
@@ -410,12 +407,7 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
         return st.get(name).astype(np.float32)
 
     xp = target.xp
-    # the head's matrices as stored (float16, bfloat16) on the CPU, as loader.load keeps a model's
-    formats = {st.tensors[n].dtype for n in st.keys()
-               if len(st.tensors[n].shape) == 2 and n != "draft_vocab"}
-    as_stored = (as_stored_putter(formats.pop(), target.dtype)
-                 if xp is np and target.dtype == np.float32 and kernel_available()
-                 and len(formats) == 1 else None)
+    as_stored = as_stored_heads(st, target)  # the head's matrices as stored (F16, BF16), or None
     own = {id(a) for a in shared.values()}
 
     def put_linear(a):  # the target's own embedding (the tied LM head) as it is: no copy of it
@@ -438,6 +430,8 @@ def load_eagle(path, target, shape=None, dynamic=None, stop=None, copy=None) -> 
         from ..cpu_steps import enable_where_supported  # the target's speed path, its head too
 
         enable_where_supported(layer)
+    if as_stored is not None:
+        fc_w = as_stored(fc_w)  # as stored, like the layer's matrices
     return EagleDrafter(target, layer, fc_w.T, fc_b, shape, dynamic,
                         read_draft_vocab(st, cfg, cfg_file), stop,
                         read_acceptance(cfg, cfg_file), copy)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from ..backend import BF16, F16, kernel_available, to_host, widen
 from ..errors import MinispecError
+from ..loader import as_stored_putter
 
 
 def read_head_dir(path, what: str) -> tuple[dict, Path]:
@@ -49,3 +53,28 @@ def find_head_dir(candidates, target, what: str) -> Path:
     raise MinispecError(f"no {what} trained for this target ({want}) ships with minispec; found: "
                         f"{'; '.join(seen) or 'none'}. Train some (weights/train_heads.py) and "
                         "pass their directory")
+
+
+def as_stored_heads(st, target):
+    """put(float32 [out, in]) keeping a head file's matrices as stored (BF16, F16) where the
+    target computes float32 on the CPU with the few-rows kernel and the file holds its matrices
+    in one such format, as loader.load keeps a model's; None elsewhere (float32 throughout)."""
+    formats = {st.tensors[n].dtype for n in st.keys()
+               if len(st.tensors[n].shape) == 2 and n != "draft_vocab"}
+    if target.xp is np and target.dtype == np.float32 and kernel_available() \
+            and len(formats) == 1:
+        return as_stored_putter(formats.pop(), target.dtype)
+    return None
+
+
+def head_matrix(xp, w, dtype):
+    """A head's matrix w [out, in] as its drafter holds it, used through its transpose (as
+    loader.py stores the target's weights): a 16-bit one (BF16 or F16, from as_stored_heads)
+    stays 16-bit on the CPU, where the few-rows kernel widens it in registers; any other, or one
+    for the GPU, in the target's dtype."""
+    w = np.asarray(to_host(w))
+    if xp is not np and w.dtype in (BF16, F16):
+        w = widen(w)
+    if xp is not np or w.dtype not in (BF16, F16):
+        w = w.astype(dtype)
+    return xp.asarray(np.ascontiguousarray(w)).T  # [in, out]

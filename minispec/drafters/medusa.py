@@ -34,7 +34,7 @@ from ..core.model import linear, silu
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 from ..tree import TreeDrafter
-from .files import read_head_dir
+from .files import as_stored_heads, head_matrix, read_head_dir
 from .tree_model import check_shape, children, sibling_mode
 from .vocab import DraftVocab, read_draft_vocab
 
@@ -59,8 +59,8 @@ class MedusaDrafter(TreeDrafter):
                                     f"for a target of width {D}, got {np.shape(w)} and "
                                     f"{np.shape(b)}")
             # W stays [out, in], used through its transpose (as loader.py stores the target's
-            # weights): the few-rows kernel multiplies it
-            self.heads.append((xp.asarray(np.ascontiguousarray(to_host(w), dtype=target.dtype)).T,
+            # weights): the few-rows kernel multiplies it, a 16-bit one as it is
+            self.heads.append((head_matrix(xp, w, target.dtype),
                                xp.asarray(np.asarray(to_host(b), dtype=target.dtype))))
         if not self.heads:
             raise MinispecError("medusa: expected at least one head")
@@ -130,6 +130,9 @@ def load_medusa(path, target, shape=None) -> MedusaDrafter:
         if not (np.isfinite(w).all() and np.isfinite(b).all()):
             raise MinispecError(f"{path / 'model.safetensors'}: medusa head {k} holds NaN or "
                                 "infinite values")
+    as_stored = as_stored_heads(st, target)  # the heads' matrices as stored (F16, BF16), or None
+    if as_stored is not None:
+        heads = [(as_stored(w), b) for w, b in heads]
     return MedusaDrafter(target, heads, shape, read_draft_vocab(st, cfg, cfg_file))
 
 
