@@ -73,8 +73,6 @@ def head_matrix(xp, w, dtype):
     stays 16-bit on the CPU, where the few-rows kernel widens it in registers; any other, or one
     for the GPU, in the target's dtype."""
     w = np.asarray(to_host(w))
-    if xp is not np and w.dtype in (BF16, F16):
-        w = widen(w)
     if xp is not np or w.dtype not in (BF16, F16):
-        w = w.astype(dtype)
+        w = widen(w).astype(dtype)  # widen: a 16-bit one exactly, any other unchanged
     return xp.asarray(np.ascontiguousarray(w)).T  # [in, out]
