@@ -957,6 +957,26 @@ def main(argv: list[str] | None = None) -> None:
                          for k in ("chat", "code") if k in totals)
         return rates, text
 
+    def eagle_chain(layer, fc, embed):
+        """The greedy chain of 4's accepted drafts on the held-out greedy continuations."""
+        totals = {"all": [0.0, 0.0]}
+        with torch.no_grad():
+            for lo in range(0, len(eval_seqs), 8):
+                idx = list(range(lo, min(lo + 8, len(eval_seqs))))
+                x, f, lens = padded(eval_seqs, eval_feats, idx)
+                T = x.shape[1]
+                outs = eagle_unroll(layer, fc, embed, f, x, 4)
+                # step s at position c + s guesses x_{c+s+2}, c = chain start (context n = c+2)
+                C = T - 5
+                match = torch.stack([cut_t[logits(g[:, s:s + C]).argmax(-1)] == x[:, s + 2:s + 2
+                                                                                  + C]
+                                     for s, g in enumerate(outs)])
+                start = torch.tensor([L for _, L in (evals[i] for i in idx)])
+                c = torch.arange(C)[None]
+                ok = ((c + 2 >= start[:, None]) & (c + 5 < lens[:, None])).float()
+                tally(totals, idx, chain_accept(match), ok)
+        return totals
+
     # -- 4. EAGLE ------------------------------------------------------------------------------
     if args.out_eagle:
         t = time.time()
@@ -970,6 +990,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
             load_saved_eagle(layer, fc, args.init_eagle)
         embed = target.model.embed_tokens
+        if args.init_eagle:  # where it starts, on this run's held-out set
+            rates, text = per_kind(eagle_chain(layer, fc, embed))
+            report["eagle_chain_accepted_before"] = rates["all"]
+            print(f"eagle before training ({args.init_eagle}): greedy chain of 4 on held-out "
+                  f"continuations: {rates['all']:.3f} accepted per round; {text}", flush=True)
         params = list(layer.parameters()) + list(fc.parameters())
         opt = torch.optim.AdamW(params, lr=args.eagle_lr, weight_decay=0.0, betas=(0.9, 0.95))
         plan = schedule(args.eagle_epochs)
@@ -1006,23 +1031,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"{' '.join(f'{v:.3f}' for v in kls)}  reg {reg.item():.3f}  "
                       f"lr {lr:.2e}  {time.time() - t:.0f} s", flush=True)
         times["eagle_s"] = round(time.time() - t)
-        # greedy chain acceptance on the held-out greedy continuations (4 tokens)
-        totals = {"all": [0.0, 0.0]}
-        with torch.no_grad():
-            for lo in range(0, len(eval_seqs), 8):
-                idx = list(range(lo, min(lo + 8, len(eval_seqs))))
-                x, f, lens = padded(eval_seqs, eval_feats, idx)
-                T = x.shape[1]
-                outs = eagle_unroll(layer, fc, embed, f, x, 4)
-                # step s at position c + s guesses x_{c+s+2}, c = chain start (context n = c+2)
-                C = T - 5
-                match = torch.stack([cut_t[logits(g[:, s:s + C]).argmax(-1)] == x[:, s + 2:s + 2
-                                                                                  + C]
-                                     for s, g in enumerate(outs)])
-                start = torch.tensor([L for _, L in (evals[i] for i in idx)])
-                c = torch.arange(C)[None]
-                ok = ((c + 2 >= start[:, None]) & (c + 5 < lens[:, None])).float()
-                tally(totals, idx, chain_accept(match), ok)
+        totals = eagle_chain(layer, fc, embed)
         rates, text = per_kind(totals)
         acc, n = rates["all"], totals["all"][1]
         report["eagle_chain_accepted"] = acc
