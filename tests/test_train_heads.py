@@ -13,7 +13,7 @@ import minispec
 from minispec.backend import to_host
 from minispec.drafters.eagle import load_eagle
 from minispec.judge.stats import softmax
-from minispec.loader import random_model
+from minispec.loader import random_model, save_checkpoint
 
 torch = pytest.importorskip("torch", reason="the training recipe needs torch (pip install "
                                             "'.[train]')")
@@ -264,3 +264,62 @@ def test_generate_makes_greedy_and_sampled_batches_and_stops_at_its_deadline():
     once = th.generate(model, prompts, batch=2, new_tokens=5, eos=(), pad=0, seed=0,
                        sampled=flags, seconds=0.0)
     assert len(once) == 2  # no batch starts after the deadline; the first always runs
+
+
+def _cached_target(tmp_path):
+    """A tiny random Llama written to disk (a word-level tokenizer beside it) and a data cache of
+    its sampled continuations: what train_heads.py reads instead of making data."""
+    from tokenizers import Tokenizer, models
+    from transformers import LlamaForCausalLM
+
+    target = random_model(tiny_config(vocab_size=24, max_position_embeddings=64), seed=3,
+                          scale=1.0)
+    save_checkpoint(target, tmp_path / "target")
+    Tokenizer(models.WordLevel({"<|endoftext|>": 0, "a": 1}, unk_token="a")).save(
+        str(tmp_path / "target" / "tokenizer.json"))
+    rng = np.random.default_rng(0)
+    seqs = []
+    for i in range(24):
+        prompt = [int(t) for t in rng.integers(3, 24, 4)]
+        out = minispec.autoregressive_generate(target, prompt, max_new_tokens=16,
+                                               temperature=1.0, seed=i)
+        seqs.append((np.array(prompt + list(out.tokens), dtype=np.int64), 4))
+    hf = LlamaForCausalLM.from_pretrained(str(tmp_path / "target"), dtype=torch.float32).eval()
+    feats = _recipe().features(hf, [s for s, _ in seqs])
+    torch.save({"train": seqs[:16], "feats": feats[:16], "eval": seqs[16:],
+                "eval_feats": feats[16:]}, tmp_path / "data.pt")
+    return ["--target", str(tmp_path / "target"), "--data-cache", str(tmp_path / "data.pt"),
+            "--batch", "4", "--ttt", "2", "--seed", "0"]
+
+
+def test_epochs_0_measures_a_saved_head_as_training_would_start_from_it(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="the training recipe needs transformers (pip "
+                                               "install '.[train]')")
+    th, args = _recipe(), _cached_target(tmp_path)
+    th.main(args + ["--eagle-epochs", "3", "--out-eagle", str(tmp_path / "e"),
+                    "--medusa-epochs", "3", "--out-medusa", str(tmp_path / "m")])
+    capsys.readouterr()
+
+    def line(out, start):
+        return next(x for x in out.splitlines() if x.startswith(start))
+
+    # measured only: the held-out figures, and nothing written
+    th.main(args + ["--init-eagle", str(tmp_path / "e"), "--eagle-epochs", "0",
+                    "--init-medusa", str(tmp_path / "m"), "--medusa-epochs", "0",
+                    "--out-eagle", str(tmp_path / "e0"), "--out-medusa", str(tmp_path / "m0")])
+    out = capsys.readouterr().out
+    measured = line(out, "eagle: greedy chain of 4").split(" accepted")[0]
+    medusa = line(out, "medusa: greedy chain of 4").split(" accepted")[0]
+    assert not (tmp_path / "e0").exists() and not (tmp_path / "m0").exists()
+    # a run continued from those heads starts from the same figures on the same held-out set
+    th.main(args + ["--init-eagle", str(tmp_path / "e"), "--eagle-epochs", "1",
+                    "--out-eagle", str(tmp_path / "e1")])
+    before = line(capsys.readouterr().out, "eagle before training").split(" accepted")[0]
+    assert before.endswith(measured.split(": ")[-1]), (before, measured)
+    th.main(args + ["--init-medusa", str(tmp_path / "m"), "--medusa-lr", "1e-12",
+                    "--medusa-epochs", "0.25", "--out-medusa", str(tmp_path / "m1")])
+    again = line(capsys.readouterr().out, "medusa: greedy chain of 4").split(" accepted")[0]
+    assert again == medusa  # a step of lr 1e-12 changes no argmax
+
+    with pytest.raises(SystemExit, match="--eagle-epochs: expected .* 0 with --init-eagle"):
+        th.main(args + ["--eagle-epochs", "0", "--out-eagle", str(tmp_path / "x")])

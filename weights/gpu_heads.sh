@@ -11,11 +11,13 @@
 # The real run converts the GGUF with minispec (the gguf package must import: WHEELS=DIR installs
 # the wheels in DIR first), writes the heads to $OUT/eagle and $OUT/medusa (default ./gpu-heads)
 # and its log to $OUT/heads.log. GEN_S, EAGLE_S, MEDUSA_S: the seconds given to generation and to
-# each head's training; SEQS the prompts made (more than GEN_S can use); SEED; INIT_EAGLE and INIT_MEDUSA the
-# heads to start from (default the shipped ones). The defaults are run I's (weights/README.md); run J,
-# the shipped EAGLE head, continued run I's head with SEQS=30000 SEED=12 INIT_EAGLE=<run I's
-# head> GEN_S=80 EAGLE_S=50 MEDUSA_S=4. The GGUF (98 MB) crosses to a lent machine in two parts
-# (its calls carry 64 MiB), joined there with cat.
+# each head's training; SEQS the prompts made (more than GEN_S can use); SEED; INIT_EAGLE and
+# INIT_MEDUSA the heads to start from (default the shipped ones). The defaults are run I's
+# (weights/README.md); runs J, K and L each continued the head before with fresh data (run K:
+# SEQS=40000 SEED=13 GEN_S=230 EAGLE_S=160 MEDUSA_S=10; the shipped EAGLE head is run L's, the
+# Medusa heads run K's). The GGUF (98 MB) crosses to a lent machine in two parts (its calls carry
+# 64 MiB): copy the first to /tmp in the call that carries it (a warm machine keeps /tmp, not an
+# ignored folder the next call does not name), and join them there with cat.
 set -eu -o pipefail
 OUT=${OUT:-gpu-heads}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
@@ -45,6 +47,7 @@ python3 weights/train_heads.py --target "$SMOL" --device cuda --data mix --seqs 
     --init-eagle "${INIT_EAGLE:-weights/smollm2/eagle}" --eagle-epochs 20 \
     --eagle-seconds "${EAGLE_S:-90}" \
     --eagle-lr 7e-4 --ce 0.5 --ttt 4 --reg 0.1 \
-    --init-medusa "${INIT_MEDUSA:-weights/smollm2/medusa}" --medusa-epochs 20 --medusa-seconds "${MEDUSA_S:-20}" \
+    --init-medusa "${INIT_MEDUSA:-weights/smollm2/medusa}" --medusa-epochs 20 \
+    --medusa-seconds "${MEDUSA_S:-20}" \
     --medusa-lr 1e-3 --seed "${SEED:-11}" --out-eagle "$OUT/eagle" --out-medusa "$OUT/medusa" \
     2>&1 | grep --line-buffered -v "Loading weights" | tee "$OUT/heads.log"

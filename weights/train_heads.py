@@ -44,7 +44,9 @@ SmolLM2-135M-Instruct (converted by `python -m minispec real`) are the two it wa
    guesses x_{t+2+k}: loss KL(p_target(f_{t+1+k}) || q_k), weighted 0.8^k.
 6. **Evaluation** in torch on held-out prompts' greedy continuations: the greedy chain
    acceptance, how many of a 4-token argmax chain match the target's greedy tokens (each start
-   position), and the draft vocabulary's coverage of those tokens.
+   position), and the draft vocabulary's coverage of those tokens. A run from `--init-eagle`
+   gives its starting head's figure first, on the same set; `--eagle-epochs 0` (and
+   `--medusa-epochs 0` with `--init-medusa`) measures a saved head and trains nothing.
 
 Files (what minispec/drafters/eagle.py and medusa.py read), F16: EAGLE config.json (layer shape,
 rope_theta, "target": {model_type, hidden_size, num_hidden_layers, vocab_size}, optional
@@ -700,8 +702,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft-vocab", type=int, default=0,
                     help="FR-Spec: the heads propose only the N most frequent tokens (0: all)")
     ap.add_argument("--ttt", type=int, default=3, help="EAGLE steps unrolled in training")
-    ap.add_argument("--eagle-epochs", type=float, default=6)
-    ap.add_argument("--medusa-epochs", type=float, default=8)
+    ap.add_argument("--eagle-epochs", type=float, default=6,
+                    help="0: only measure the --init-eagle head on the held-out set (nothing "
+                         "saved)")
+    ap.add_argument("--medusa-epochs", type=float, default=8,
+                    help="0: only measure the --init-medusa heads (nothing saved)")
     ap.add_argument("--batch", type=int, default=8, help="sequences per training step")
     ap.add_argument("--eagle-lr", type=float, default=1e-3)
     ap.add_argument("--medusa-lr", type=float, default=2e-3)
@@ -751,9 +756,17 @@ def main(argv: list[str] | None = None) -> None:
     if len(gains) != 2 or not all(0 < g < float("inf") for g in gains):
         raise SystemExit(f"--fc-gains: expected two positive numbers (feature,token), got "
                          f"{args.fc_gains!r}")
+    for name, epochs, init in (("eagle", args.eagle_epochs, args.init_eagle),
+                               ("medusa", args.medusa_epochs, args.init_medusa)):
+        if epochs < 0 or (epochs == 0 and not init):
+            raise SystemExit(f"--{name}-epochs: expected a positive number, or 0 with "
+                             f"--init-{name} (measure that head only), got {epochs}")
+    measure_eagle = args.eagle_epochs == 0  # the --init heads measured, nothing trained
+    measure_medusa = args.medusa_epochs == 0
     if args.quick:
         args.seqs, args.new_tokens, args.eval_seqs = 32, 24, 8
-        args.eagle_epochs = args.medusa_epochs = 1
+        args.eagle_epochs = min(args.eagle_epochs, 1)  # 0 (measure only) stays 0
+        args.medusa_epochs = min(args.medusa_epochs, 1)
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -902,6 +915,8 @@ def main(argv: list[str] | None = None) -> None:
     chunks = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
 
     def schedule(epochs):  # length-bucketed batches, shuffled every epoch
+        if epochs == 0:  # measure only
+            return []
         steps = max(1, round(epochs * len(chunks)))
         return [chunks[j] for e in range(steps // len(chunks) + 1)
                 for j in rng.permutation(len(chunks))][:steps]
@@ -978,7 +993,7 @@ def main(argv: list[str] | None = None) -> None:
         return totals
 
     # -- 4. EAGLE ------------------------------------------------------------------------------
-    if args.out_eagle:
+    if args.out_eagle or measure_eagle:
         t = time.time()
         shape = {"hidden_size": D, "num_attention_heads": tc.num_attention_heads,
                  "num_key_value_heads": tc.num_key_value_heads,
@@ -990,7 +1005,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.init_eagle:  # continue a run: the weights this script saved (F16)
             load_saved_eagle(layer, fc, args.init_eagle)
         embed = target.model.embed_tokens
-        if args.init_eagle:  # where it starts, on this run's held-out set
+        if args.init_eagle and not measure_eagle:  # where it starts, on this held-out set
             rates, text = per_kind(eagle_chain(layer, fc, embed))
             report["eagle_chain_accepted_before"] = rates["all"]
             print(f"eagle before training ({args.init_eagle}): greedy chain of 4 on held-out "
@@ -1039,6 +1054,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"eagle: greedy chain of 4 on held-out continuations: {acc:.3f} accepted per "
               f"round ({n:.0f} rounds), ~{1 + acc:.2f} tokens per target call; {text}; "
               f"{times['eagle_s']} s of training", flush=True)
+    if args.out_eagle and not measure_eagle:
         out = Path(args.out_eagle)
         save_eagle(out, layer, fc, shape, {"target": target_id, **cut_fields,
                    "about": "EAGLE head (fc over (feature, next token) + one Llama decoder "
@@ -1054,7 +1070,7 @@ def main(argv: list[str] | None = None) -> None:
                   eos=gen_eos, pad=gen_pad, seed=args.seed)
 
     # -- 5. Medusa -----------------------------------------------------------------------------
-    if args.out_medusa:
+    if args.out_medusa or measure_medusa:
         t = time.time()
         K = args.heads
         W = torch.nn.Parameter(torch.zeros(K, D, D))  # [K, out, in]
@@ -1119,6 +1135,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"medusa: greedy chain of {K} on held-out continuations: {rates['all']:.3f} "
               f"accepted per round, ~{1 + rates['all']:.2f} tokens per target call; {text}; "
               f"{times['medusa_s']} s of training", flush=True)
+    if args.out_medusa and not measure_medusa:
         out = Path(args.out_medusa)
         out.mkdir(parents=True, exist_ok=True)
         tensors = {}
