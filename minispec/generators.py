@@ -68,3 +68,29 @@ def autoregressive(target_dir, draft_dir) -> Generate:
                                        seed=seed).tokens
 
     return generate
+
+
+def _device_rounds(target_dir, draft_dir, device: str) -> Generate:
+    from .core.sampling import Sampling
+    from .core.speculative import Request
+    from .device_rounds import DeviceRounds
+
+    target = load(target_dir, device=device)
+    rounds = DeviceRounds(target, load(draft_dir, device=device), gamma=GAMMA, max_len=64)
+
+    def generate(prompt_ids, *, max_new_tokens, temperature, top_k, top_p, seed):
+        return rounds.generate(prompt_ids, Sampling(temperature, top_k, top_p),
+                               Request(max_new_tokens, seed=seed)).tokens
+
+    return generate
+
+
+def device_rounds(target_dir, draft_dir) -> Generate:
+    """minispec.device_rounds with the draft model (gamma 3): every round on the device (here
+    NumPy's: the CPU runs the same rounds)."""
+    return _device_rounds(target_dir, draft_dir, "cpu")
+
+
+def device_rounds_gpu(target_dir, draft_dir) -> Generate:
+    """The same on the GPU, each round one CUDA graph."""
+    return _device_rounds(target_dir, draft_dir, "gpu")

@@ -15,7 +15,10 @@ Adding a drafter to the table is one line in DRAFTER_ROWS. `--drafters ngram,ear
 the rows of those drafters (the first word of a row's label), `--draft none` runs without a draft
 model (its rows are left out, and the output says so): what a target with no draft model and no
 trained heads can run (`minispec real drafters`, minispec/real.py). The tree's price is measured
-when a tree drafter is in the table.
+when a tree drafter is in the table. On the GPU with CUDA graphs the table adds DEVICE_ROWS: the
+draft model's and EAGLE's chains with every round on the device (minispec/device_rounds.py),
+and autoregressive decoding played the same way; their speedups are over the loop's
+autoregressive decoding like every row's (the device baseline's own row shows what it gains).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 from ..backend import blas_threads
 from ..core.sampling import Sampling
 from ..core.speculative import DEFAULT_GAMMA, Request, generate
+from ..device_rounds import DeviceRounds
 from ..drafters import (
     AUTO_GAMMA,
     EAGLE_COPY,
@@ -70,6 +74,13 @@ DRAFTER_ROWS = [
                                                           dynamic=(3, 12))),
     (f"auto (gamma {AUTO_GAMMA})", lambda t, d: make_drafter("auto", t)),
 ]
+# whole rounds on the device (minispec/device_rounds.py), for a GPU: (label, make(target, draft
+# model, gamma) -> DeviceRounds); autoregressive decoding played the same way is their baseline
+DEVICE_ROWS = [
+    ("autoregressive (device)", lambda t, d, g: DeviceRounds(t, None)),
+    ("model (device)", lambda t, d, g: DeviceRounds(t, d, gamma=g)),
+    ("eagle (device)", lambda t, d, g: DeviceRounds(t, make_drafter("eagle", t), gamma=g)),
+]
 NEEDS_DRAFT_MODEL = ("model", "model-tree")  # a row's drafter: the first word of its label
 TREES = ("model-tree", "medusa", "eagle", "eagle-2")  # rows that can draft trees
 TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2, 1)]
@@ -77,14 +88,18 @@ TREE_SHAPES = [(1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1), (3, 2, 1, 1), (3, 3, 2,
 
 def side_by_side(target, draft, prompts, *, temperature: float, gamma: int = DEFAULT_GAMMA,
                  max_new_tokens: int = 64, repeats: int = 1, seed: int = 0,
-                 rows=DRAFTER_ROWS) -> list[dict]:
-    """One dict per method (autoregressive first) for one temperature."""
+                 rows=DRAFTER_ROWS, device_rows=()) -> list[dict]:
+    """One dict per method (autoregressive first) for one temperature; device_rows: rows of
+    DEVICE_ROWS too."""
     sampling = Sampling(temperature)
     request = Request(max_new_tokens, harness.benchmark_eos(target), seed)
     drafters = {"autoregressive": NoDrafter(target)}
     drafters.update((label, make(target, draft)) for label, make in rows)
+    drafters.update((label, make(target, draft, gamma)) for label, make in device_rows)
 
     def method(drafter, g):
+        if isinstance(drafter, DeviceRounds):
+            return lambda ids: drafter.generate(ids, sampling, request)
         return lambda ids: generate(target, drafter, ids, sampling, request, gamma=g)
 
     # a preset tuned with a gamma of its own (auto) runs at it
@@ -252,6 +267,14 @@ def parse_temperatures(text: str) -> list[float]:
         raise MinispecError(f"--temperatures: expected numbers like 0,1, got {text!r}") from None
 
 
+def device_rows(rows) -> list:
+    """The DEVICE_ROWS of the drafters among `rows` (select_rows' choice), with their baseline:
+    on the GPU with CUDA graphs, each drafter that has a device round runs both ways."""
+    names = {label.split()[0] for label, _ in rows}
+    kept = [row for row in DEVICE_ROWS[1:] if row[0].split()[0] in names]
+    return DEVICE_ROWS[:1] + kept if kept else []
+
+
 def run(args: argparse.Namespace) -> dict:
     """The table described by parsed `args` (gamma parsed), as a JSON-ready dict."""
     from ..cpu_steps import enable_where_supported
@@ -270,6 +293,7 @@ def run(args: argparse.Namespace) -> dict:
         texts = harness.load_prompts(args.prompts, args.num_prompts)
         prompts = harness.encode_prompts(texts, target.tokenizer)
         steps = getattr(target, "fast_steps", None)
+        on_device = device_rows(rows) if isinstance(steps, StepGraphs) else []
         return {"settings": {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                              "gamma": args.gamma, "repeats": args.repeats,
                              "device": target.device, "dtype": str(target.dtype),
@@ -278,7 +302,8 @@ def run(args: argparse.Namespace) -> dict:
                 "by_temperature": {
                     f"{t:g}": side_by_side(target, draft, prompts, temperature=t,
                                            gamma=args.gamma, repeats=args.repeats,
-                                           max_new_tokens=args.max_new_tokens, rows=rows)
+                                           max_new_tokens=args.max_new_tokens, rows=rows,
+                                           device_rows=on_device)
                     for t in temps},
                 "notes": notes,
                 "tree_costs": tree_costs(target) if any(
