@@ -62,25 +62,36 @@ class PlainKernels:
         y = linear(x, w, b)
         return y if res is None else res + y
 
-    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None):
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None,
+                   seq=None):
         """Rotate the q and k heads of qkv [T, H+2K, E] (q in place) by `positions` and write k,
         v into the caches [K, S_max, E] at `slots` (default: the positions; a tree's node i sits
         in slot base + i, at position base + depth(i)). tables: RoPE (cos, sin) [P, E/2], or
-        None."""
+        None. seq [T]: the caches are a batch's, [B, K, S_max, E], and row r is sequence
+        seq[r]'s (a batch's call, minispec/batch_graphs.py)."""
         n_rot = n_heads + n_kv
         slots = positions if slots is None else slots
         if tables is not None:
             qkv[:, :n_rot] = rope(self.xp, qkv[:, :n_rot], tables[0][positions],
                                   tables[1][positions])
+        if seq is not None:  # [T, K, E] each, scattered to (sequence, head, slot)
+            k_cache[seq, :, slots] = qkv[:, n_heads:n_rot]
+            v_cache[seq, :, slots] = qkv[:, n_rot:]
+            return
         k_cache[:, slots] = qkv[:, n_heads:n_rot].transpose(1, 0, 2)  # [K, T, E], scattered
         v_cache[:, slots] = qkv[:, n_rot:].transpose(1, 0, 2)
 
     def attention(self, qkv, k_cache, v_cache, positions, n_heads, window, slots=None,
-                  tree=None):
+                  tree=None, seq=None):
         """Attention of the T queries in qkv at `positions` (in `slots`, default the positions)
         over the cache up to each one's slot -> [T, H*E]. tree [T] uint32: row r sees, of the
-        slots slots[0].. (this call's rows), those whose bit is set in tree[r]."""
+        slots slots[0].. (this call's rows), those whose bit is set in tree[r]. seq: as in
+        rope_store (each row against its own sequence's cache, one row at a time here)."""
         xp = self.xp
+        if seq is not None:
+            return xp.concatenate([self.attention(
+                qkv[r:r + 1], k_cache[int(seq[r])], v_cache[int(seq[r])], positions[r:r + 1],
+                n_heads, window) for r in range(qkv.shape[0])])
         slots = positions if slots is None else slots
         i, j = slots[:, None], xp.arange(k_cache.shape[1])[None, :]  # [T, 1], [1, S_max]
         mask = j <= i
@@ -95,27 +106,30 @@ class PlainKernels:
         y = mlp(self.xp, x, p)
         return y if res is None else res + y
 
-    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
+    def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None,
+              seq=None):
         """One block, static_block: the pieces above one after the other (a speed path may do
         them in one call)."""
-        return static_block(self, x, p, config, tables, k_cache, v_cache, positions, slots, tree)
+        return static_block(self, x, p, config, tables, k_cache, v_cache, positions, slots, tree,
+                            seq)
 
 
 def static_block(kernels, x, p, config, tables, k_cache, v_cache, positions, slots=None,
-                 tree=None):
+                 tree=None, seq=None):
     """model.block with the positions on the device: x [T, D] -> [T, D]."""
     n_heads, n_kv, e = config.n_heads, config.n_kv_heads, config.head_dim
     xn = kernels.norm(x, p["attn_norm_w"], p["attn_norm_b"], config.norm_eps)
     qkv = kernels.linear(xn, p["wqkv"], p["bqkv"]).reshape(x.shape[0], n_heads + 2 * n_kv, e)
-    kernels.rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots)
+    extra = {} if seq is None else {"seq": seq}  # a batch's call (another's kernels may lack it)
+    kernels.rope_store(qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots, **extra)
     att = kernels.attention(qkv, k_cache, v_cache, positions, n_heads, config.sliding_window,
-                            slots, tree)
+                            slots, tree, **extra)
     x = kernels.linear(att, p["wo"], p["bo"], res=x)  # x + attn
     return kernels.mlp(kernels.norm(x, p["mlp_norm_w"], p["mlp_norm_b"], config.norm_eps), p,
                        res=x)  # x + mlp
 
 
-def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
+def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None, seq=None):
     """Model.hidden_states for T tokens `ids` at `positions` (device arrays, pos..pos+T-1) on
     `cache`, without reading anything back to the host; does not change cache.length. The RoPE
     tables must already cover cache.max_len positions (StepGraphs grows them before a capture).
@@ -123,22 +137,24 @@ def static_hidden(model, kernels, ids, positions, cache, slots=None, tree=None):
     A tree call (minispec.tree.hidden_tree with done=0) gives `slots` (base..base+T-1, where the
     rows' keys go) apart from the positions (base + depth for a node) and `tree` [T] uint32, row
     r's bits set for the rows it sees (its ancestors and itself; a prefix row the rows before
-    it): see the attention kernel."""
+    it): see the attention kernel. A batch's call gives `seq` [T], each row's sequence, and a
+    cache whose arrays are [L, B, K, S_max, E] (minispec/batch_graphs.py)."""
     w = model.weights
     h = w["embed"][ids]  # [T, D]
     if w["pos_embed"] is not None:
         h = h + w["pos_embed"][positions]
-    return static_layers(model, kernels, h, positions, cache, slots, tree)
+    return static_layers(model, kernels, h, positions, cache, slots, tree, seq)
 
 
-def static_layers(model, kernels, h, positions, cache, slots=None, tree=None):
+def static_layers(model, kernels, h, positions, cache, slots=None, tree=None, seq=None):
     """Every layer over input rows h [T, D] at `positions` (Model.run_layers, the positions as
-    data; slots and tree as in static_hidden) -> [T, D]."""
+    data; slots, tree and seq as in static_hidden) -> [T, D]."""
     w = model.weights
     tables = None if model._inv_freq is None else (model._cos, model._sin)  # [P, E/2] each
     for i in range(model.n_layers):
+        extra = {} if seq is None else {"seq": seq}
         h = kernels.block(h, w["layers"][i], model.config, tables, cache.k[i], cache.v[i],
-                          positions, slots, tree)
+                          positions, slots, tree, **extra)
     return h
 
 
@@ -338,6 +354,10 @@ __device__ inline float tile_sum(const float* red, int e, int* o, int* r) {
     return s;
 }
 
+// The block's outputs o0 = 16 blockIdx.y.., and rows r0 = 8 NT blockIdx.x..: a call of more
+// than 16 rows (a batch's) takes a block per 16 rows along x, the fastest-running index, so the
+// blocks that read the same 16 weight rows run together and all but the first find them in
+// the L2 cache; each row's sums run in the same order whatever t is (rows equal rows alone).
 template <int NT, int W>
 __global__ void mma_matmul(const __half* __restrict__ x, const __half* __restrict__ w,
                            const __half* b, const __half* res, __half* y, int t, int d_in,
@@ -346,18 +366,20 @@ __global__ void mma_matmul(const __half* __restrict__ x, const __half* __restric
     float acc[4 * NT];
 #pragma unroll
     for (int j = 0; j < 4 * NT; j++) acc[j] = 0.0f;
-    int o0 = blockIdx.x * 16;
-    mma_tile<NT, W>(x, w, o0, d_out, t, d_in, acc);
+    int o0 = blockIdx.y * 16, r0 = blockIdx.x * 8 * NT;
+    mma_tile<NT, W>(x + (long long)r0 * d_in, w, o0, d_out, t - r0, d_in, acc);
     stash_tile<NT>(red, acc);
     __syncthreads();
-    if (threadIdx.x >= 128 * NT) return;
-    int o, r;
-    float s = tile_sum<NT, W>(red, threadIdx.x, &o, &r);
-    o += o0;
-    if (o >= d_out || r >= t) return;
-    if (has_b) s = float(__half(s)) + float(b[o]);
-    long long at = (long long)r * d_out + o;
-    y[at] = has_res ? __half(float(res[at]) + float(__half(s))) : __half(s);
+    for (int e = threadIdx.x; e < 128 * NT; e += blockDim.x) {
+        int o, r;
+        float s = tile_sum<NT, W>(red, e, &o, &r);
+        o += o0;
+        r += r0;
+        if (o >= d_out || r >= t) continue;
+        if (has_b) s = float(__half(s)) + float(b[o]);
+        long long at = (long long)r * d_out + o;
+        y[at] = has_res ? __half(float(res[at]) + float(__half(s))) : __half(s);
+    }
 }
 
 template <int NT, int W>
@@ -367,19 +389,22 @@ __global__ void mma_swiglu(const __half* __restrict__ x, const __half* __restric
     float ag[4 * NT], au[4 * NT];
 #pragma unroll
     for (int j = 0; j < 4 * NT; j++) ag[j] = au[j] = 0.0f;
-    int o0 = blockIdx.x * 16;
-    mma_tile<NT, W>(x, wg, o0, d_out, t, d_in, ag);
-    mma_tile<NT, W>(x, wu, o0, d_out, t, d_in, au);
+    int o0 = blockIdx.y * 16, r0 = blockIdx.x * 8 * NT;
+    x += (long long)r0 * d_in;
+    mma_tile<NT, W>(x, wg, o0, d_out, t - r0, d_in, ag);
+    mma_tile<NT, W>(x, wu, o0, d_out, t - r0, d_in, au);
     stash_tile<NT>(red_g, ag);
     stash_tile<NT>(red_u, au);
     __syncthreads();
-    if (threadIdx.x >= 128 * NT) return;
-    int o, r;
-    float g = float(__half(tile_sum<NT, W>(red_g, threadIdx.x, &o, &r)));
-    float u = float(__half(tile_sum<NT, W>(red_u, threadIdx.x, &o, &r)));
-    o += o0;
-    if (o >= d_out || r >= t) return;
-    y[(long long)r * d_out + o] = __half(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
+    for (int e = threadIdx.x; e < 128 * NT; e += blockDim.x) {
+        int o, r;
+        float g = float(__half(tile_sum<NT, W>(red_g, e, &o, &r)));
+        float u = float(__half(tile_sum<NT, W>(red_u, e, &o, &r)));
+        o += o0;
+        r += r0;
+        if (o >= d_out || r >= t) continue;
+        y[(long long)r * d_out + o] = __half(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
+    }
 }
 
 // RMSNorm of one row per block: y = T(x / sqrt(mean(x^2) + eps)) * w
@@ -401,11 +426,13 @@ __global__ void rms_norm(const T* x, const T* w, T* y, int d, float eps) {
 // qkv [t, H+2K, e] at positions qpos: RoPE (tables cs, sn [P, e/2], if has_rope) on the q and k
 // heads, q written back in place, k and v written to the caches kc, vc [K, s_max, e] in slots
 // slot[r] (= qpos for a chain; a tree's node sits in slot base + r at position base + depth).
+// With has_seq the caches are a batch's, [B, K, s_max, e], and row r is sequence seq[r]'s.
 // One thread per (row, head, pair j < e/2).
 template <typename T>
 __global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
-                           const long long* qpos, const long long* slot, int t, int n_heads,
-                           int n_kv, int e, int s_max, int has_rope) {
+                           const long long* qpos, const long long* slot, const long long* seq,
+                           int has_seq, int t, int n_heads, int n_kv, int e, int s_max,
+                           int has_rope) {
     int half = e / 2, n_all = n_heads + 2 * n_kv;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)t * n_all * half) return;
@@ -428,7 +455,8 @@ __global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
     }
     bool is_k = n < n_heads + n_kv;
     int kvh = is_k ? n - n_heads : n - n_heads - n_kv;
-    T* dst = (is_k ? kc : vc) + ((long long)kvh * s_max + slot[r]) * e;
+    long long b = has_seq ? seq[r] : 0;
+    T* dst = (is_k ? kc : vc) + ((b * n_kv + kvh) * s_max + slot[r]) * e;
     dst[j] = T(x1);
     dst[j + half] = T(x2);
 }
@@ -436,13 +464,15 @@ __global__ void rope_store(T* qkv, const T* cs, const T* sn, T* kc, T* vc,
 // attention of query row r (position qpos[r], in slot slot[r]) and head h over the keys in slots
 // lo < j <= slot[r] of kv head h / (H/K) in the caches: out [t, H*e]. With has_tree, of the
 // slots from slot[0] on (this call's rows) only those whose bit is set in tree[r] are seen (the
-// row's ancestors and itself; a tree takes no window). One block per (h, r); blockDim a
-// multiple of 32, >= e. Shared memory: s_max scores, e query values, blockDim partial sums.
+// row's ancestors and itself; a tree takes no window). With has_seq the caches are a batch's
+// (see rope_store). One block per (h, r); blockDim a multiple of 32, >= e. Shared memory: s_max
+// scores, e query values, blockDim partial sums.
 template <typename T>
 __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
                                 const long long* qpos, const long long* slot,
-                                const unsigned int* tree, int has_tree, int t, int n_heads,
-                                int n_kv, int e, int s_max, float scale, int window) {
+                                const unsigned int* tree, int has_tree, const long long* seq,
+                                int has_seq, int t, int n_heads, int n_kv, int e, int s_max,
+                                float scale, int window) {
     extern __shared__ float sh[];
     __shared__ float red[32];
     float* sc = sh;
@@ -453,8 +483,9 @@ __global__ void cache_attention(const T* qkv, const T* kc, const T* vc, T* out,
     long long p = qpos[r], lo = window > 0 ? p - window : -1, base = slot[0];
     unsigned int seen = has_tree ? tree[r] : 0u;  // (t <= 32 rows: one bit each)
     const T* q = qkv + ((long long)r * (n_heads + 2 * n_kv) + h) * e;
-    const T* K = kc + (long long)kvh * s_max * e;
-    const T* V = vc + (long long)kvh * s_max * e;
+    long long cache_row = (has_seq ? seq[r] : 0) * n_kv + kvh;
+    const T* K = kc + cache_row * s_max * e;
+    const T* V = vc + cache_row * s_max * e;
     for (int d = tid; d < e; d += blockDim.x) qs[d] = float(q[d]);
     __syncthreads();
     int n = (int)slot[r] + 1;
@@ -526,7 +557,17 @@ class FusedKernels(PlainKernels):
 
     @staticmethod
     def _rows(t: int) -> int:
+        if t > _ROWS[-1]:
+            raise MinispecError(f"cuda_graphs: a float32 product takes at most {_ROWS[-1]} rows "
+                                f"(float16's tensor-core product any number), got {t}")
         return next(r for r in _ROWS if r >= t)
+
+    def _mma(self, kind: str, t: int, d_out: int, args) -> None:
+        """The tensor-core product `kind` ("matmul" or "swiglu") for t rows: one block per 16
+        outputs and (past 8 rows) per 16 rows."""
+        nt = 1 if t <= 8 else 2
+        self._k[f"mma_{kind}<{nt}>"]((-(-t // (8 * nt)), -(-d_out // 16)),
+                                     (32 * self.mma_warps,), args)
 
     @staticmethod
     def _blocks(d_out: int) -> int:  # one warp per output
@@ -549,8 +590,7 @@ class FusedKernels(PlainKernels):
                 y, np.int32(t), np.int32(d_in), np.int32(wt.shape[0]), np.int32(b is not None),
                 np.int32(res is not None))
         if self.mma and d_in % 32 == 0:
-            self._k[f"mma_matmul<{1 if t <= 8 else 2}>"]((-(-wt.shape[0] // 16),),
-                                                         (32 * self.mma_warps,), args)
+            self._mma("matmul", t, wt.shape[0], args)
         else:
             self._k[f"rows_matmul<{self._rows(t)}>"]((self._blocks(wt.shape[0]),), (_THREADS,),
                                                      args)
@@ -565,25 +605,28 @@ class FusedKernels(PlainKernels):
                             (x, w, y, np.int32(x.shape[1]), np.float32(eps)))
         return y
 
-    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None):
+    def rope_store(self, qkv, tables, k_cache, v_cache, positions, n_heads, n_kv, slots=None,
+                   seq=None):
         t, n_all, e = qkv.shape  # qkv: the product's fresh output, C-contiguous
         n = t * n_all * (e // 2)
         cs, sn = tables if tables is not None else (qkv, qkv)
         self._k["rope_store"](((n + _THREADS - 1) // _THREADS,), (_THREADS,),
                               (qkv, cs, sn, k_cache, v_cache, positions,
-                               positions if slots is None else slots, np.int32(t),
-                               np.int32(n_heads), np.int32(n_kv), np.int32(e),
-                               np.int32(k_cache.shape[1]), np.int32(tables is not None)))
+                               positions if slots is None else slots,
+                               positions if seq is None else seq, np.int32(seq is not None),
+                               np.int32(t), np.int32(n_heads), np.int32(n_kv), np.int32(e),
+                               np.int32(k_cache.shape[-2]), np.int32(tables is not None)))
 
     def attention(self, qkv, k_cache, v_cache, positions, n_heads, window, slots=None,
-                  tree=None):
+                  tree=None, seq=None):
         t, n_all, e = qkv.shape
-        s_max = k_cache.shape[1]
+        s_max = k_cache.shape[-2]
         out = self.xp.empty((t, n_heads * e), dtype=qkv.dtype)
         self._k["cache_attention"](
             (n_heads, t), (_THREADS,),
             (qkv, k_cache, v_cache, out, positions, positions if slots is None else slots,
-             positions if tree is None else tree, np.int32(tree is not None), np.int32(t),
+             positions if tree is None else tree, np.int32(tree is not None),
+             positions if seq is None else seq, np.int32(seq is not None), np.int32(t),
              np.int32(n_heads), np.int32((n_all - n_heads) // 2), np.int32(e), np.int32(s_max),
              np.float32(1.0 / math.sqrt(e)), np.int32(window or 0)),
             shared_mem=4 * (s_max + e + _THREADS))
@@ -606,8 +649,7 @@ class FusedKernels(PlainKernels):
         y = self.xp.empty((t, wg.shape[0]), dtype=x.dtype)
         args = (x, wg, wu, y, np.int32(t), np.int32(d_in), np.int32(wg.shape[0]))
         if self.mma and d_in % 32 == 0:
-            self._k[f"mma_swiglu<{1 if t <= 8 else 2}>"]((-(-wg.shape[0] // 16),),
-                                                         (32 * self.mma_warps,), args)
+            self._mma("swiglu", t, wg.shape[0], args)
         else:
             self._k[f"rows_swiglu<{self._rows(t)}>"]((self._blocks(wg.shape[0]),), (_THREADS,),
                                                      args)

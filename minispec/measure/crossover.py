@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from ..core.sampling import Sampling
 from ..core.speculative import DEFAULT_GAMMA, Request
 from ..cpu_steps import enable_where_supported
 from ..errors import MinispecError
-from ..options import add_fast_steps, add_gamma, add_threads, parse_gamma
+from ..options import add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
 from ..shipped import path_arg
 from . import harness
 from .sweep import need_matplotlib, save
@@ -90,6 +91,69 @@ def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA
                                  for b, ks in costs.verify.items()},
                       "draft": {str(b): t for b, t in costs.draft.items()}},
             "rows": rows, "crossover": _crossover_batch(rows)}
+
+
+def predict(costs: dict, *, gamma: int, alphas, draft_cost: float = 0.0) -> dict:
+    """Plain and speculative throughput predicted from measured call costs {B: {k: seconds}}
+    (k = 1 and gamma + 1) at each acceptance rate alpha, where no drafter was run: a round of B
+    sequences costs gamma draft steps of draft_cost x t(B, 1) each (0: a drafter without a
+    forward pass, prompt lookup) and one verify call t(B, gamma + 1), and yields B E(alpha,
+    gamma) tokens (LoadAwareGamma.rate); plain decoding B tokens per t(B, 1). With the smallest
+    batch size at which plain decoding is at least as fast, per alpha (None within these)."""
+    sizes = sorted(costs)
+    bc = BatchCosts(verify={B: dict(costs[B]) for B in sizes},
+                    draft={B: draft_cost * costs[B][1] for B in sizes})
+    policy = LoadAwareGamma(bc, max_gamma=gamma)
+    rows = []
+    for B in sizes:
+        row = {"batch": B, "t1": costs[B][1], "tk": costs[B][gamma + 1],
+               "plain": B / costs[B][1], "speculative": {}}
+        for a in alphas:
+            row["speculative"][str(a)] = policy.rate(gamma, B, alpha=a)
+        rows.append(row)
+    stops = {str(a): next((r["batch"] for r in rows
+                           if r["plain"] >= r["speculative"][str(a)]), None) for a in alphas}
+    return {"gamma": gamma, "alphas": list(alphas), "draft_cost": draft_cost, "rows": rows,
+            "stops_paying_at": stops}
+
+
+def format_predicted(report: dict) -> str:
+    """The GPU crossover (`minispec crossover --device gpu`) as text."""
+    s, p = report["settings"], report["predicted"]
+    g, alphas = p["gamma"], p["alphas"]
+    lines = [f"{s['model']} ({s['dtype']}) on {s['gpu']}: one call of B sequences x k tokens "
+             f"(layers and head, a CUDA graph, median of {s['repeats']}), each sequence at "
+             f"position {s['context']}",
+             "throughput PREDICTED from these measured costs (no drafter run): a round costs "
+             f"gamma {g} draft steps of {p['draft_cost']:g} x t(B, 1) and one t(B, {g + 1}) "
+             f"call, and yields B (1 - a^{g + 1}) / (1 - a) tokens",
+             f"{'B':>4} {'t(B,1) ms':>10} {f't(B,{g + 1}) ms':>10} {'ratio':>6} "
+             f"{'plain tok/s':>12} " + " ".join(f"{f'spec a={a:g}':>12} {'x':>5}"
+                                                 for a in alphas)]
+    for r in p["rows"]:
+        lines.append(f"{r['batch']:>4} {1e3 * r['t1']:10.3f} {1e3 * r['tk']:10.3f} "
+                     f"{r['tk'] / r['t1']:6.2f} {r['plain']:12.0f} "
+                     + " ".join(f"{r['speculative'][str(a)]:12.0f} "
+                                f"{r['speculative'][str(a)] / r['plain']:5.2f}" for a in alphas))
+    for a in alphas:
+        b = p["stops_paying_at"][str(a)]
+        lines.append(f"alpha {a:g}: speculation stops paying at batch "
+                     + (str(b) if b else "(not within these)"))
+    return "\n".join(lines)
+
+
+def gpu_crossover(target, *, batch_sizes, gamma: int, alphas, draft_cost: float = 0.0,
+                  context: int = 64, repeats: int = 20) -> dict:
+    """The crossover on the GPU, predicted from measured costs (minispec/batch_graphs.py)."""
+    from ..batch_graphs import call_costs
+    from .roofline import gpu_name
+
+    costs = call_costs(target, batch_sizes=batch_sizes, ks=(1, gamma + 1), context=context,
+                       repeats=repeats)
+    return {"settings": {"model": target.name, "dtype": str(target.dtype),
+                         "gpu": gpu_name(target.xp), "context": context, "repeats": repeats},
+            "costs": {str(b): {str(k): t for k, t in ks.items()} for b, ks in costs.items()},
+            "predicted": predict(costs, gamma=gamma, alphas=alphas, draft_cost=draft_cost)}
 
 
 def decode_rate(results) -> float:
@@ -319,11 +383,29 @@ def main(argv: list[str] | None = None) -> int:
     """`minispec crossover [options]`."""
     ap = _parser("minispec crossover", "Throughput of plain, speculative and load-aware "
                  "decoding by batch size: where speculation stops paying, and why.")
-    ap.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes")
+    ap.add_argument("--batch", default=None,
+                    help="batch sizes (default 1,2,4,8,16,32; on the GPU 1,2,4,8,16,32,64)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
+    ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                    help="gpu: the costs of a batch's call through CUDA graphs, and from them "
+                    "plain and speculative throughput predicted at --alphas (no decoding)")
+    add_dtype(ap)
+    ap.add_argument("--random-llama-1b", type=Path, default=None, metavar="DIR",
+                    help="with --device gpu: write a random 1.2B Llama-shaped checkpoint to DIR "
+                    "(needs torch and transformers) and measure it instead of --target")
+    ap.add_argument("--alphas", default="0.6,0.8",
+                    help="with --device gpu: acceptance rates to predict at")
+    ap.add_argument("--draft-cost", type=float, default=0.0,
+                    help="with --device gpu: a draft step's cost as a share of t(B, 1) (0: a "
+                    "drafter without a forward pass)")
     args = ap.parse_args(argv)
     args.gamma = parse_gamma(args.gamma, auto=False)
-    sizes = _ints(args.batch, "--batch")
+    if args.device == "gpu":
+        return _gpu_main(args)
+    if args.random_llama_1b is not None or args.dtype not in (None, "float32"):
+        raise MinispecError("--random-llama-1b and --dtype float16 are for --device gpu (the "
+                            "CPU's crossover decodes the shipped pair in float32)")
+    sizes = _ints(args.batch or "1,2,4,8,16,32", "--batch")
     need_matplotlib(args.plot)  # before a long measurement, not after it
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)
@@ -334,6 +416,25 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=1) if args.json else format_crossover(report))
     if args.plot:
         print(plot(report, None, args.plot), file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _gpu_main(args) -> int:
+    """`minispec crossover --device gpu`: measured costs, predicted throughput."""
+    from ..loader import load
+    from .roofline import write_random_llama
+
+    sizes = _ints(args.batch or "1,2,4,8,16,32,64", "--batch")
+    alphas = _ints(args.alphas, "--alphas", float)
+    if max(alphas) >= 1 or args.draft_cost < 0:
+        raise MinispecError("--alphas: each in (0, 1); --draft-cost: >= 0")
+    path = args.target
+    if args.random_llama_1b is not None:
+        path = write_random_llama(args.random_llama_1b)
+    target = load(path, device="gpu", dtype=args.dtype)
+    report = gpu_crossover(target, batch_sizes=sizes, gamma=args.gamma, alphas=alphas,
+                           draft_cost=args.draft_cost, repeats=max(args.repeats, 20))
+    print(json.dumps(report, indent=1) if args.json else format_predicted(report))
     return 0
 
 
