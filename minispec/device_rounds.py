@@ -302,19 +302,24 @@ class DeviceRounds:
 
     def _draft_model(self, L, u, greedy, top_k, top_p):
         """Step 1 with the draft model -> drafts [g], q rows (or None)."""
-        xp, k, g, m = self.xp, self.kernels, self.gamma, self.draft
+        xp, k, m = self.xp, self.kernels, self.draft
         pos = xp.maximum(L - 2 + xp.arange(2), 0)
         cap = m.vocab_size - 1  # (ids the draft lacks, only without tokenizers: any id serves)
         h = static_hidden(m, k, xp.minimum(self.tokens[pos], cap), pos, self.d_cache)[-1:]
+        return self._chain(h, self._draft_logits, lambda h, d, i: static_hidden(
+            m, k, xp.minimum(d, cap), L + i, self.d_cache), u, (greedy, top_k, top_p))
+
+    def _chain(self, state, logits_of, step, u, warp):
+        """The gamma draws of a chain: draft i from logits_of(state), then state = step(state,
+        draft i, i) but after the last -> (drafts [g], their q rows, None at T = 0)."""
         drafts, qs = [], []
-        for i in range(g):
-            d, q = self._draw(self._draft_logits(h), self._row(u, i), greedy, top_k,
-                              top_p)
+        for i in range(self.gamma):
+            d, q = self._draw(logits_of(state), self._row(u, i), *warp)
             drafts.append(d)
             qs.append(q)
-            if i + 1 < g:
-                h = static_hidden(m, k, xp.minimum(d, cap), L + i, self.d_cache)
-        return xp.concatenate(drafts), qs
+            if i + 1 < self.gamma:
+                state = step(state, d, i)
+        return self.xp.concatenate(drafts), qs
 
     def _eagle_logits(self, g_feat):
         """The target's final norm and LM head (or the draft vocabulary's rows) on a guessed
@@ -344,15 +349,8 @@ class DeviceRounds:
         j = xp.maximum(L - 2 - g + xp.arange(g + 1), 0)  # pair positions, the last L - 2
         feat = static_layers(self.draft, k, self._fuse(self.feats[j], self.tokens[j + 1]), j,
                              self.d_cache)[-1:]
-        drafts, qs = [], []
-        for i in range(g):
-            d, q = self._draw(self._eagle_logits(feat), self._row(u, i), greedy, top_k,
-                              top_p)
-            drafts.append(d)
-            qs.append(q)
-            if i + 1 < g:
-                feat = static_layers(self.draft, k, self._fuse(feat, d), L - 1 + i, self.d_cache)
-        return xp.concatenate(drafts), qs
+        return self._chain(feat, self._eagle_logits, lambda f, d, i: static_layers(
+            self.draft, k, self._fuse(f, d), L - 1 + i, self.d_cache), u, (greedy, top_k, top_p))
 
     def round(self, greedy: bool, top_k: int = 0, top_p: float = 1.0) -> None:
         """One round on the device buffers (see the module docstring): nothing is read back."""
