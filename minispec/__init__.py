@@ -31,6 +31,7 @@ from .loader import load, random_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeviceRounds",
     "Draft",
     "Drafter",
     "GenerationResult",
@@ -57,7 +58,8 @@ __all__ = [
 
 # Built around the core, imported when first used: importing the lesson (minispec.core) loads
 # none of them (tests/test_core.py).
-_EXTENSIONS = {"generate_batch": ("batch", "generate_batch"),
+_EXTENSIONS = {"DeviceRounds": ("device_rounds", "DeviceRounds"),
+               "generate_batch": ("batch", "generate_batch"),
                "make_drafter": ("drafters", "make_drafter")}
 
 
