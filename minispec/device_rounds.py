@@ -5,9 +5,10 @@ Skippable, like cuda_graphs.py: the lesson is core/speculative.py, and this file
 rounds faster on a GPU. The loop there is written for reading: each draft token is sampled on
 the host (warp and `sample` read the draft's logits back), verify reads p and q back, and every
 step between is a launch of its own. On a CPU that costs nothing; on a GPU each read waits for
-the device to finish its queue (a synchronisation), and a round of the shipped pair is ~100
-launches and ~10 waits, which cost more than the small target's step they save (docs/gpu.md: the
-draft model's chain at 0.73x autoregressive on an H100, EAGLE's at 0.29x).
+the device to finish its queue (a synchronisation): a wait per draft token and more for verify,
+each op a launch from Python, which together cost more than the small target's step they save
+(docs/gpu.md: the draft model's chain at 0.73x autoregressive decoding on an H100, EAGLE's at
+0.29x). Played here, the same chains ran at 2.22-2.42x and 2.15-2.35x on an H200.
 
 Here a round is written shape-static, like cuda_graphs.static_hidden: the context lives in a
 device buffer beside its length, every position is computed on the device from that length, a
@@ -40,7 +41,8 @@ Differences from the loop, none of which changes the output's distribution (the 
 - gamma is fixed, and the last rounds may run past max_new_tokens: what they emit past it is cut
   (the tokens before it are the same draws either way);
 - top-p's nucleus is found by bisection instead of a sort (`nucleus_floor`: the same set);
-- a chain only, from a draft model or an EAGLE head (trees, stop and copy stay in the loop).
+- a chain only, from a draft model or an EAGLE head (trees, stop and copy stay in the loop); no
+  drafter at all plays autoregressive decoding the same way, the fair baseline on a GPU.
 At T = 0 the output is the target's greedy decoding token for token, as in the loop (tested
 against autoregressive decoding on both devices).
 """
