@@ -66,3 +66,9 @@ def test_command_line_errors_name_the_flag(tmp_path):
         crossover.main(["--batch", "0,2"])
     with pytest.raises(MinispecError, match="--target"):
         crossover.serve_main(["--target", str(tmp_path / "none")])
+    with pytest.raises(MinispecError, match="--alphas"):
+        crossover.main(["--device", "gpu", "--alphas", "0.6,1.2"])
+    with pytest.raises(MinispecError, match="--alphas"):
+        crossover.main(["--device", "gpu", "--alphas", "x"])
+    with pytest.raises(MinispecError, match="for --device gpu"):
+        crossover.main(["--dtype", "float16"])  # the CPU's crossover is float32
