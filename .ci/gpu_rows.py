@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import cupy as cp
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minispec import cuda_graphs  # noqa: E402
@@ -50,24 +49,8 @@ def step_ms(k, layers, head, t, reps=20):
         k.linear(x, head)
 
     pool, stream = cp.cuda.MemoryPool(), cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        step()
-        stream.synchronize()
-        stream.begin_capture()
-        step()
-        g = stream.end_capture()
-        g.upload(stream)
-        for _ in range(3):
-            g.launch(stream)
-        times = []
-        for _ in range(reps):
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(stream)
-            g.launch(stream)
-            b.record(stream)
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b))
-    return float(np.median(times))
+    graph, _ = cuda_graphs.record(cp, pool, stream, step)
+    return cuda_graphs.replay_ms(cp, graph, stream, reps)
 
 
 def bit_checks(k, layers):

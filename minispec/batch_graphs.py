@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .core.model import Model
-from .cuda_graphs import FusedKernels, static_head, static_hidden, supported
+from .cuda_graphs import FusedKernels, record, replay_ms, static_head, static_hidden, supported
 from .errors import MinispecError
 
 
@@ -93,24 +93,6 @@ def call_costs(model, *, batch_sizes, ks, context: int = 64, repeats: int = 20) 
                 h = static_batch_hidden(model, kernels, ids, starts, k, cache)
                 return static_head(model, kernels, h)
 
-            with cp.cuda.using_allocator(pool.malloc), stream:
-                call()  # compiles, fills the pool
-                stream.synchronize()
-                stream.begin_capture()
-                try:
-                    call()
-                finally:
-                    graph = stream.end_capture()
-                graph.upload(stream)
-                for _ in range(3):
-                    graph.launch(stream)
-                times = []
-                for _ in range(repeats):
-                    a, b = cp.cuda.Event(), cp.cuda.Event()
-                    a.record(stream)
-                    graph.launch(stream)
-                    b.record(stream)
-                    b.synchronize()
-                    times.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
-            out[B][k] = float(np.median(times))
+            graph, _ = record(cp, pool, stream, call)
+            out[B][k] = replay_ms(cp, graph, stream, repeats) / 1e3
     return out

@@ -370,16 +370,15 @@ __global__ void mma_matmul(const __half* __restrict__ x, const __half* __restric
     mma_tile<NT, W>(x + (long long)r0 * d_in, w, o0, d_out, t - r0, d_in, acc);
     stash_tile<NT>(red, acc);
     __syncthreads();
-    for (int e = threadIdx.x; e < 128 * NT; e += blockDim.x) {
-        int o, r;
-        float s = tile_sum<NT, W>(red, e, &o, &r);
-        o += o0;
-        r += r0;
-        if (o >= d_out || r >= t) continue;
-        if (has_b) s = float(__half(s)) + float(b[o]);
-        long long at = (long long)r * d_out + o;
-        y[at] = has_res ? __half(float(res[at]) + float(__half(s))) : __half(s);
-    }
+    if (threadIdx.x >= 128 * NT) return;
+    int o, r;
+    float s = tile_sum<NT, W>(red, threadIdx.x, &o, &r);
+    o += o0;
+    r += r0;
+    if (o >= d_out || r >= t) return;
+    if (has_b) s = float(__half(s)) + float(b[o]);
+    long long at = (long long)r * d_out + o;
+    y[at] = has_res ? __half(float(res[at]) + float(__half(s))) : __half(s);
 }
 
 template <int NT, int W>
@@ -396,15 +395,14 @@ __global__ void mma_swiglu(const __half* __restrict__ x, const __half* __restric
     stash_tile<NT>(red_g, ag);
     stash_tile<NT>(red_u, au);
     __syncthreads();
-    for (int e = threadIdx.x; e < 128 * NT; e += blockDim.x) {
-        int o, r;
-        float g = float(__half(tile_sum<NT, W>(red_g, e, &o, &r)));
-        float u = float(__half(tile_sum<NT, W>(red_u, e, &o, &r)));
-        o += o0;
-        r += r0;
-        if (o >= d_out || r >= t) continue;
-        y[(long long)r * d_out + o] = __half(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
-    }
+    if (threadIdx.x >= 128 * NT) return;
+    int o, r;
+    float g = float(__half(tile_sum<NT, W>(red_g, threadIdx.x, &o, &r)));
+    float u = float(__half(tile_sum<NT, W>(red_u, threadIdx.x, &o, &r)));
+    o += o0;
+    r += r0;
+    if (o >= d_out || r >= t) return;
+    y[(long long)r * d_out + o] = __half(g * (0.5f * (1.0f + tanhf(0.5f * g))) * u);
 }
 
 // RMSNorm of one row per block: y = T(x / sqrt(mean(x^2) + eps)) * w
@@ -830,21 +828,44 @@ class StepGraphs:
         return g
 
     def _record(self, step):
-        """Run step() once (a warm-up: compiles kernels, fills the pool), then capture it on
-        this object's stream -> (the graph, instantiated, and the output its replays write)."""
-        cp = self.cp
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            step()
-            self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                out = step()
-            finally:
-                graph = self.stream.end_capture()
-            graph.upload(self.stream)  # instantiate now, not at the first replay
-            self.stream.synchronize()
+        """record(step) on this object's pool and stream."""
         self.captures += 1
-        return graph, out
+        return record(self.cp, self.pool, self.stream, step)
+
+
+def record(cp, pool, stream, step, between=None):
+    """Run step() once (a warm-up: compiles kernels, fills the private memory `pool`), then
+    between() if given (to undo what the warm-up changed), then capture step() on `stream` ->
+    (the graph, instantiated, and the output its replays write)."""
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        step()
+        if between is not None:
+            between()
+        stream.synchronize()
+        stream.begin_capture()
+        try:
+            out = step()
+        finally:
+            graph = stream.end_capture()
+        graph.upload(stream)  # instantiate now, not at the first replay
+        stream.synchronize()
+    return graph, out
+
+
+def replay_ms(cp, graph, stream, repeats: int = 20) -> float:
+    """The median milliseconds of `repeats` replays of `graph` on `stream` (CUDA events around
+    each), after 3 untimed ones."""
+    for _ in range(3):
+        graph.launch(stream)
+    times = []
+    for _ in range(repeats):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        graph.launch(stream)
+        b.record(stream)
+        b.synchronize()
+        times.append(cp.cuda.get_elapsed_time(a, b))
+    return float(np.median(times))
 
 
 class FastModel(Model):

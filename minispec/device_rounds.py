@@ -63,6 +63,7 @@ from .cuda_graphs import (
     MAX_CACHE,
     FusedKernels,
     PlainKernels,
+    record,
     static_head,
     static_hidden,
     static_layers,
@@ -430,18 +431,11 @@ class DeviceRounds:
             self.stream = cp.cuda.Stream(non_blocking=True)
         cp.cuda.Device().synchronize()
         saved = self.length.copy(), self.counter.copy()
-        with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self.round(*warp)
+
+        def undo():
             self.length[...], self.counter[...] = saved
-            self.stream.synchronize()
-            self.stream.begin_capture()
-            try:
-                self.round(*warp)
-            finally:
-                graph = self.stream.end_capture()
-            graph.upload(self.stream)
-            self.stream.synchronize()
-        return graph
+
+        return record(cp, self.pool, self.stream, lambda: self.round(*warp), undo)[0]
 
     def generate(self, prompt_ids, sampling, request) -> GenerationResult:
         """Decode like core.speculative.generate(target, drafter, prompt_ids, sampling, request,
