@@ -36,8 +36,9 @@ def compiled() -> SimpleNamespace | None:
             return None
         jit = numba.njit(fastmath=True, cache=True)
         _widen, _prefetch = _widen_intrinsic(numba), _prefetch_intrinsic(numba)
-        _eight, _tail = jit(_eight_rows_kernel), jit(_tail_kernel)
-        _one, _rows, _product = jit(_one_row_kernel), jit(_rows_kernel), jit(_product_kernel)
+        _eight, _tail = _in_pairs(jit(_eight_rows_kernel)), jit(_tail_kernel)
+        _one, _rows = _in_pairs(jit(_one_row_kernel)), _in_pairs(jit(_rows_kernel))
+        _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _KERNELS = SimpleNamespace(product=_product, rms_norm=_norm, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
@@ -47,12 +48,39 @@ def compiled() -> SimpleNamespace | None:
 
 def ahead(dtype, t: int) -> int:
     """The `ahead` argument of the product for t rows of a weight of this dtype: > 0 sends the
-    prefetches of a line through a loop whose count is known only at run time (see
-    _rows_kernel): for one bfloat16 row, and for 2..8 float32 rows, where it was measured
-    faster; 0 elsewhere (the prefetches written out). The bits are the same either way."""
-    if t == 1:
-        return 8 if dtype == np.uint16 else 0  # a bfloat16 weight's bits (backend.BF16)
-    return 4 if dtype == np.float32 and t <= 8 else 0
+    rows loop's prefetches of a line through a loop whose count is known only at run time (see
+    _rows_kernel), for 2..8 float32 rows, where it was measured faster; 0 elsewhere (the
+    prefetches written out; one row has none). The bits are the same either way."""
+    return 4 if dtype == np.float32 and 2 <= t <= 8 else 0
+
+
+def _in_pairs(dispatcher):
+    """The numba function `dispatcher`, compiled with LLVM told to interleave every vectorized
+    loop by 2: each dot product summed in two vector registers of partial sums (2 x 16 on an
+    AMD EPYC with AVX-512), whatever the loop around it.
+
+    A verify call's rows must come out as the one-token steps' do, bit for bit, so every loop
+    that multiplies weights must split its sums alike. LLVM picks the split itself, from how
+    many sums a loop keeps: the rows loop's 8 (4 outputs x 2 rows) it interleaves by 2, the
+    one-row loop's single sum by 4 (other partial sums, other last bits). So the interleave is
+    fixed for these loops, through LLVM's -force-vector-interleave while numba compiles them
+    (under numba's compiler lock, and reset after, so no other numba code sees it); 2 is what
+    LLVM picks for the rows loop here anyway, so its sums are the ones it always had."""
+    import llvmlite.binding as llvm
+    from numba.core.compiler_lock import global_compiler_lock
+
+    compile_ = dispatcher.compile
+
+    def compile_in_pairs(sig):
+        with global_compiler_lock:
+            llvm.set_option("", "-force-vector-interleave=2")
+            try:
+                return compile_(sig)
+            finally:
+                llvm.set_option("", "-force-vector-interleave=0")  # 0: LLVM's own choice
+
+    dispatcher.compile = compile_in_pairs  # numba compiles (or loads from its cache) through it
+    return dispatcher
 
 
 # ---- the weight products ---------------------------------------------------------------------
@@ -61,21 +89,17 @@ def _product_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # y = x @ wt.T for x [T, D_in] float32 and wt [D_out, D_in] (float32, or the bits of a 16-bit
     # weight), one row through its own loop, more through the rows loop
     if x.shape[0] == 1:
-        _one(x, wt, y, ahead)
+        _one(x, wt, y)
     else:
         _rows(x, wt, y, ahead)
 
 
 # The kernels are plain Python, compiled by numba (fastmath lets LLVM keep several partial sums
-# per dot product in vector registers). Both have 8 accumulators in their inner loop, so LLVM
-# vectorizes each dot product the same way (on an AMD EPYC with AVX-512: 2 registers of 16
-# lanes each) and a row's result is the same bits
-# whether it comes from the main loop or the tails, alone or beside other rows
-# (tests/test_backend.py checks it on the models' shapes). A loop with other accumulators can be
-# unrolled differently and round differently: a one-row loop over a single weight row (one
-# accumulator) read float32 weights 1.8x faster, but its sums round differently, and a verify
-# call's logits would then differ from the one-token steps' in the last bits. The one-row loop
-# below keeps 8 accumulators (8 outputs), and so the same sums.
+# per dot product in vector registers). Every loop that multiplies weights is compiled with its
+# vectorized loops interleaved by 2 (`_in_pairs`), so LLVM splits each dot product's sum the
+# same way in all of them (on an AMD EPYC with AVX-512: 2 registers of 16 lanes each) and a
+# row's result is the same bits whether it comes from the one-row loop, the rows loop or the
+# tails, alone or beside other rows (tests/test_backend.py checks it on the models' shapes).
 
 
 def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
@@ -130,47 +154,22 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     _tail(x, wt, y, f - f % 4)
 
 
-def _one_row_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
-    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out]: 8 outputs in registers, each weight
-    # row read once, while the 8 rows two blocks ahead are prefetched into L2. A decode step's
-    # products, 1.1-1.25x faster than the rows loop with the row paired with itself (which
-    # does every multiply-add twice), measured on the shipped target's bfloat16 shapes; an
-    # earlier one-row loop that prefetched only the first 2 lines of the next block's rows was
-    # 1.6x slower than that rows loop. `ahead` > 0: the 8 prefetches of a line go through a
-    # loop whose count is known only at run time, as the rows loop's do (see there), which
-    # `ahead` asks for bfloat16 weights: with the weights in the Arena, the products of a
-    # step 1.1x (SmolLM2-135M in bfloat16) to 1.25x (the shipped target) faster; for float32
-    # weights 1.1x slower, and 1.25x slower for the shipped float16 draft model, whose 2.4 MB
-    # stay in the caches between steps (weights/README.md).
+def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
+    # x [1, D_in] times wt [D_out, D_in] -> y [1, D_out]: one weight row at a time, so a step
+    # reads the weights as one stream from the first byte to the last, which the CPU's own
+    # prefetcher follows (no prefetch instructions). The loop before this one kept 8 outputs in
+    # registers, reading 8 rows side by side and prefetching 8 rows two blocks ahead: on
+    # SmolLM2-135M a step's one-row products took 26 ms in float32 and 14.7 ms in bfloat16,
+    # against 18 and 12.3 ms here (the read test: 17.5 and 8.7 ms; weights/README.md, "One row,
+    # one stream"). Its single sum is split in two like the rows loop's (see _in_pairs).
     d = x.shape[1]
-    f = wt.shape[0]
     x0 = x[0]
-    lines = (d + 15) // 16
-    spread = ahead > 0
-    for o in range(0, f - f % 8, 8):
-        w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        w4, w5, w6, w7 = wt[o + 4], wt[o + 5], wt[o + 6], wt[o + 7]
-        for c in range(lines):
-            if spread:  # a count known only at run time (see above)
-                for j in range(ahead):
-                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
-            else:
-                for j in range(8):
-                    _prefetch(wt, min(o + 16 + j, f - 1), c * 16)
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0)
+    for o in range(wt.shape[0]):
+        w0 = wt[o]
+        a = np.float32(0)
         for i in range(d):
-            u = x0[i]
-            a0 += _widen(w0[i]) * u
-            a1 += _widen(w1[i]) * u
-            a2 += _widen(w2[i]) * u
-            a3 += _widen(w3[i]) * u
-            a4 += _widen(w4[i]) * u
-            a5 += _widen(w5[i]) * u
-            a6 += _widen(w6[i]) * u
-            a7 += _widen(w7[i]) * u
-        y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a0, a1, a2, a3
-        y[0, o + 4], y[0, o + 5], y[0, o + 6], y[0, o + 7] = a4, a5, a6, a7
-    _tail(x, wt, y, f - f % 8)
+            a += _widen(w0[i]) * x0[i]
+        y[0, o] = a
 
 
 def _eight_rows_kernel(x, wt, y):  # pragma: no cover - runs compiled
