@@ -428,9 +428,13 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         report["settings"]["blas_threads"] = n_threads
         t1, tv = time_decode_steps([(target, 1), (target, gamma + 1)], context, steps)
         costs = {"context": context, "target_step_s": t1, "verify_s": tv,
-                 # the floor: the bytes a step reads (as stored) at the best read of as many
+                 # a step's weight products alone, of one row and of the verify call's rows
+                 "target_matmul_s": time_matmuls(target, 1, steps),
+                 "verify_matmul_s": time_matmuls(target, gamma + 1, steps),
+                 # the floor: the bytes a step reads (as stored) at the best read of as many,
+                 # timed before the generation passes and again after them (below)
                  "read_bandwidth": read_bandwidth(decode_weight_bytes(target),
-                                                  2 if args.quick else 5, target.xp)}
+                                                  2 if args.quick else 10, target.xp)}
         methods = {"minispec autoregressive": minispec_method(NoDrafter(target), 0)}
         for n in names:
             name, options = SELF_DRAFTERS[n]
@@ -459,6 +463,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                     torch, hf_target, assistant=_hf_load(args.assistant, args.device), **kw)
         timed = harness.time_methods(methods, prompts, args.repeats,
                                      warmup=not args.quick)
+        costs["read_bandwidth"] = max(costs["read_bandwidth"], read_bandwidth(
+            decode_weight_bytes(target), 2 if args.quick else 10, target.xp))
     report["costs"] = costs
     base = timed["minispec autoregressive"]
     report["generation"] = {
@@ -477,6 +483,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     floor = decode_weight_bytes(target) / costs["read_bandwidth"]
     report["floor"] = {"weight_bytes": decode_weight_bytes(target),
                        "bandwidth": costs["read_bandwidth"], "floor_step_s": floor,
+                       "products_bandwidth": decode_weight_bytes(target)
+                       / costs["target_matmul_s"],
                        "step_fraction_of_floor": floor / costs["target_step_s"],
                        "autoregressive_fraction_of_floor":
                        floor * base["decode_tokens_per_second"]}
@@ -522,6 +530,13 @@ def format_without_draft(report: dict) -> str:
             f"{fl['floor_step_s'] * ms:.2f} ms: the decode step at "
             f"{fl['step_fraction_of_floor']:.0%} of the floor's speed, autoregressive decoding "
             f"at {fl['autoregressive_fraction_of_floor']:.0%} (its decode loop)")
+    if fl is not None and "target_matmul_s" in c:
+        lines.append(
+            f"  its weight products alone {c['target_matmul_s'] * ms:.2f} ms, reading "
+            f"{fl['products_bandwidth'] / 1e9:.1f} GB/s "
+            f"({fl['products_bandwidth'] / fl['bandwidth']:.0%} of the read test's); with "
+            f"{s['gamma'] + 1} tokens {c['verify_matmul_s'] * ms:.2f} ms "
+            f"({c['verify_matmul_s'] / c['target_matmul_s']:.2f}x)")
     if "hf_target_step_s" in c:
         lines.append(f"  transformers (torch): decode step {c['hf_target_step_s'] * ms:.2f} ms, "
                      f"verify call {c['hf_verify_s'] * ms:.2f} ms "
