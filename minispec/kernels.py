@@ -121,12 +121,17 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     f = wt.shape[0]
     last = t - 1
     lines = (d + 15) // 16  # 16 weights apart: each float32 line, each half bfloat16 line
-    passes = (t + 1) // 2
     spread = ahead > 0
+    # two rows with `ahead` (float32) take a second pass, over the second row alone, whose sums
+    # are thrown away: in one pass a block issued all its prefetches of the next at once, and
+    # SmolLM2's float32 products of 2 rows took 28.5 ms against 23.9 ms with the idle pass (3
+    # rows: 23.6 ms; weights/README.md, "One row, one stream")
+    runs = 3 if t == 2 and spread else t
+    passes = (runs + 1) // 2
     for o in range(0, f - f % 4, 4):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        for r in range(0, t, 2):
-            x0, x1 = x[r], x[min(r + 1, last)]  # an odd last row is paired with itself
+        for r in range(0, runs, 2):
+            x0, x1 = x[min(r, last)], x[min(r + 1, last)]  # an odd last row pairs with itself
             share = r // 2
             for c in range(lines * share // passes, lines * (share + 1) // passes):
                 if spread:  # a count known only at run time (see above)
@@ -148,7 +153,8 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
                 a11 += v1 * u
                 a12 += v2 * u
                 a13 += v3 * u
-            y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
+            if r < t:
+                y[r, o], y[r, o + 1], y[r, o + 2], y[r, o + 3] = a00, a01, a02, a03
             if r + 1 < t:
                 y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
     _tail(x, wt, y, f - f % 4)
