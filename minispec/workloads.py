@@ -239,7 +239,7 @@ def make_candidate(spec: str, target):
         except ValueError:
             raise MinispecError(f"--candidates: {spec!r}: {item!r} is no key=number") from None
     gamma = kw.pop("gamma", DEFAULT_GAMMA)
-    extra = {k: kw.pop(k) for k in ("first", "shortest", "max_n", "chain") if k in kw}
+    extra = {k: kw.pop(k) for k in ("first", "shortest", "max_n", "chain", "agree") if k in kw}
     try:
         drafter = make_drafter(name, target, **kw)
     except TypeError as e:

@@ -49,6 +49,16 @@ def lookup_by_search(text, min_n, max_n=3):
     return None
 
 
+def lookups_by_search(text, min_n, max_n=3):
+    """Every copy source of the longest recurring suffix by plain search, oldest first (the
+    reference for ngram.find_ngrams); [] if none recurs."""
+    for n in range(min(max_n, len(text) - 1), min_n - 1, -1):
+        ends = [i + n for i in range(len(text) - n) if text[i:i + n] == text[-n:]]
+        if ends:
+            return ends
+    return []
+
+
 def _gpu_available() -> bool:
     try:
         return get_backend("gpu")[1] == "gpu"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import lookup_by_search, tiny_config
+from conftest import lookup_by_search, lookups_by_search, tiny_config
 from drafters_for_tests import Wrapping
 from stats_helpers import sample_joint
 
@@ -25,6 +25,7 @@ from minispec.drafters import (
     PRESETS,
     AutoDrafter,
     EagleDrafter,
+    find_ngrams,
     make_drafter,
     random_eagle,
 )
@@ -132,17 +133,23 @@ def _started(drafter, context):
     return drafter
 
 
-@pytest.mark.parametrize("min_n", [1, 2])
-def test_each_round_is_a_lookup_where_the_suffix_recurs_else_the_heads_draft(min_n):
+@pytest.mark.parametrize("min_n, agree", [(1, True), (2, True), (1, False), (2, False)])
+def test_each_round_is_a_lookup_where_the_suffix_recurs_else_the_heads_draft(min_n, agree):
+    # agree: the lookup only where every earlier occurrence of the suffix goes on alike
     rng = np.random.default_rng(min_n)
     warp = minispec.Sampling(1.0).warp
     kinds = set()
-    for trial in range(40):
-        context = [int(x) for x in rng.choice(LOOP[:6], size=int(rng.integers(3, 10)))]
-        auto = _started(AutoDrafter(TARGET, random_eagle(TARGET, seed=2), min_n, first=3),
-                        context)
+    for trial in range(60):
+        context = [int(x) for x in rng.choice(LOOP[:3], size=int(rng.integers(3, 12)))]
+        auto = _started(AutoDrafter(TARGET, random_eagle(TARGET, seed=2), min_n, first=3,
+                                    agree=agree), context)
         d = auto.propose(context, 4, warp, np.random.default_rng(trial))
         src = lookup_by_search(context, min_n)
+        ends = lookups_by_search(context, min_n)
+        assert (src is None) == (not ends) and (src is None or src == ends[-1])
+        if agree and len({context[e] for e in ends}) > 1:
+            src = None
+            kinds.add("disagreed")
         if src is None:  # the head's draft, drawn with the same numbers
             head = _started(random_eagle(TARGET, seed=2), context)
             plain = head.propose(context, 4, warp, np.random.default_rng(trial))
@@ -156,7 +163,16 @@ def test_each_round_is_a_lookup_where_the_suffix_recurs_else_the_heads_draft(min
             assert d.tokens.tolist() == full[len(context):]
             np.testing.assert_array_equal(d.q, np.eye(d.q.shape[1])[d.tokens])
             kinds.add("lookup")
-    assert kinds == {"head", "lookup"}
+    assert kinds == ({"head", "lookup", "disagreed"} if agree else {"head", "lookup"})
+
+
+def test_find_ngrams_finds_every_place_the_search_does():
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        text = [int(x) for x in rng.integers(0, 4, size=int(rng.integers(1, 14)))]
+        for min_n, max_n in ((1, 3), (2, 3), (2, 5)):
+            got = find_ngrams(np.array(text, dtype=np.int64), max_n, min_n)
+            assert got.tolist() == lookups_by_search(text, min_n, max_n)
 
 
 def test_chain_caps_the_heads_round_and_not_the_lookups():

@@ -38,7 +38,7 @@ from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
 from .files import find_head_dir, read_head_dir
 from .medusa import MedusaDrafter, load_medusa, random_medusa
-from .ngram import NgramDrafter, find_ngram
+from .ngram import NgramDrafter, find_ngram, find_ngrams
 from .tree_model import TreeModelDrafter
 from .vocab import load_draft_vocab, read_draft_vocab
 
@@ -74,8 +74,8 @@ __all__ = [
     "EagleDrafter", "EarlyExitDrafter", "HEAD_CHAIN", "MODEL_STOP", "MedusaDrafter", "ModelDrafter",
     "NgramDrafter", "NoDrafter", "PRESETS", "PRESET_GAMMA",
     "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
-    "find_ngram", "head_draft_vocab", "load_draft_vocab", "load_eagle", "load_medusa",
-    "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
+    "find_ngram", "find_ngrams", "head_draft_vocab", "load_draft_vocab", "load_eagle",
+    "load_medusa", "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
 ]
 
 

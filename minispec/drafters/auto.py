@@ -6,17 +6,21 @@ free and, where the answer copies its prompt (a list pulled out of a paragraph, 
 echoed before it is completed), drafts long runs the target keeps; on open prose it finds
 nothing, or something wrong. The EAGLE head (eagle.py) costs a small layer per draft but guesses
 new text too. AutoDrafter asks, at the start of each round, whether the context's last `min_n`
-or more tokens occurred earlier in it: if so the round copies what followed (one-hot q); if not,
-the head drafts (eagle-copy's chain: ended by its confidence, copying once a draft agrees with a
-lookup, and at most `chain` drafts long: a longer chain's drafts cost a head step and a verify row
-each, and with a well-trained head they ran long enough not to pay).
+or more tokens occurred earlier in it, each time followed by the same token: if so the round
+copies what followed its latest occurrence (one-hot q); if not (no occurrence, or occurrences
+that go on differently, as "in 1" before 1887, 1912 and 1934 in a list of dates, where a copy is
+a guess), the head drafts (eagle-copy's chain: ended by its confidence, copying once a draft
+agrees with a lookup, so the head picks between the occurrences, and at most `chain` drafts
+long: a longer chain's drafts cost a head step and a verify row each, and with a well-trained
+head they ran long enough not to pay).
 
 How much a lookup round copies adapts, as gamma="auto" does for the loop (Leviathan et al.
 leave gamma to the user; Hugging Face's "heuristic" schedule grows it after a fully accepted
 round): after a lookup round whose copy was kept whole the next copy may be twice as long, up to
 the loop's gamma; after a rejection it is one more than the tokens kept, at least `shortest`.
-A copy the target keeps whole is text the answer is reproducing, and long rounds then cost
-little more than short ones (a 9-token verify call costs ~1.6 one-token steps on SmolLM2).
+A copy the target keeps whole is text the answer is reproducing, where a long round pays: a
+kept copy of 16 makes 17 tokens for one call, which on SmolLM2 in float32 costs ~3.2 one-token
+steps (`python -m minispec.workloads tune` prints the costs by rows).
 
 Exactness. The choice of drafter and the copy's length read only the context and the rounds
 already verified, never a draw of this round; so each round is a plain round of one of two
@@ -35,13 +39,15 @@ import numpy as np
 from ..core.drafter import Draft
 from ..errors import MinispecError
 from ..tree import TreeDrafter
-from .ngram import copy_from, find_ngram, one_hot
+from .ngram import copy_from, find_ngrams, one_hot
 
 LOOKUP_MIN_N = 2  # a lookup owns the round when the context's last 2+ tokens recur in it
 LOOKUP_MAX_N = 3  # the longest suffix looked up (the longest that recurs picks the copy)
 LOOKUP_FIRST = 8  # a generation's first lookup round copies up to 8 tokens
 LOOKUP_SHORTEST = 4  # after a rejection, a copy of at least 4
+LOOKUP_AGREE = True  # copy only where every earlier occurrence of the suffix goes on alike
 HEAD_CHAIN = 4  # the most drafts a head round holds (tuned: weights/README.md; None: gamma)
+ends_none = np.zeros(0, dtype=np.int64)  # no place to copy from
 
 
 def _count(value, what: str, least: int = 1) -> int:
@@ -57,7 +63,9 @@ class AutoDrafter(TreeDrafter):
 
     first: the most tokens a generation's first lookup round copies; shortest: the least a copy
     shrinks to after a rejection (see the module docstring); chain: the most drafts a head round
-    holds (None: the loop's gamma, which the head's confidence usually ends sooner).
+    holds (None: the loop's gamma, which the head's confidence usually ends sooner); agree: a
+    lookup round only where every earlier occurrence of the suffix is followed by the same
+    token (where they differ, the head drafts; False: copy after the latest, as ngram does).
     `lookup_rounds` and `head_rounds` count the rounds each drafted since `start`.
     """
 
@@ -65,7 +73,7 @@ class AutoDrafter(TreeDrafter):
 
     def __init__(self, target, head, min_n: int = LOOKUP_MIN_N, max_n: int = LOOKUP_MAX_N,
                  first: int = LOOKUP_FIRST, shortest: int = LOOKUP_SHORTEST,
-                 chain: int | None = HEAD_CHAIN) -> None:
+                 chain: int | None = HEAD_CHAIN, agree: bool = LOOKUP_AGREE) -> None:
         super().__init__(target)
         self.min_n, self.max_n = _count(min_n, "min_n"), _count(max_n, "max_n")
         if self.max_n < self.min_n:
@@ -75,6 +83,7 @@ class AutoDrafter(TreeDrafter):
         if head is not None and head.target is not target:
             raise MinispecError("auto: the head must be made for the same target")
         self.head = head
+        self.agree = bool(agree)
         self.length, self.copied = self.first, None
         self.lookup_rounds = self.head_rounds = 0
 
@@ -95,9 +104,11 @@ class AutoDrafter(TreeDrafter):
         """A lookup's copy (q one-hot) where the context's suffix recurs, else the head's draft.
         """
         ctx = np.asarray(context, dtype=np.int64)
-        start = find_ngram(ctx, self.max_n, self.min_n) if gamma > 0 else -1
-        drafts = copy_from(ctx, start, min(gamma, self.length), self.vocab_size) \
-            if start >= 0 else []
+        ends = find_ngrams(ctx, self.max_n, self.min_n) if gamma > 0 else ends_none
+        if self.agree and ends.size > 1 and np.unique(ctx[ends]).size > 1:
+            ends = ends_none  # the places disagree on the next token: the head's round
+        drafts = copy_from(ctx, int(ends[-1]), min(gamma, self.length), self.vocab_size) \
+            if ends.size else []
         self.copied = (len(context), drafts) if drafts else None
         if drafts:
             self.lookup_rounds += 1

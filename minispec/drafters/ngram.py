@@ -68,10 +68,18 @@ def find_ngram(context: np.ndarray, max_n: int, min_n: int = 1) -> int:
     "Earlier" means ending before the last token (the suffix itself does not count); occurrences
     may overlap it (in `x x x` the suffix `x x` also occurs at 0, so the answer is 2).
     """
+    ends = find_ngrams(context, max_n, min_n)
+    return int(ends[-1]) if ends.size else -1
+
+
+def find_ngrams(context: np.ndarray, max_n: int, min_n: int = 1) -> np.ndarray:
+    """Every place find_ngram could copy from, oldest first: the indices just past each earlier
+    occurrence of the last n tokens of `context`, for the largest n in min_n..max_n that has
+    one (int array; empty if none)."""
     s = len(context)
     for n in range(min(max_n, s - 1), max(min_n, 1) - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [S-n, n]
         hits = np.flatnonzero((windows == context[-n:]).all(axis=1))  # starts of the matches
         if hits.size:
-            return int(hits[-1]) + n
-    return -1
+            return hits + n
+    return np.zeros(0, dtype=np.int64)
