@@ -212,14 +212,17 @@ def predict(prompt_lens: list[int], results, costs: dict[int, float], overhead_s
 
 # knobs tried by `tune` (NAME:key=value,...; gamma is the loop's, the rest make_drafter's or
 # AutoDrafter's): how long a lookup's copy may be (ngram's gamma; auto's first and shortest copy,
-# its gamma), the shortest match that starts a copy (eagle's copy, auto's lookup), how long a
-# head's chain may be (eagle's stop and gamma; auto's chain), and gamma
+# its gamma), the shortest match that starts a copy (eagle's copy, auto's lookup), whether auto
+# copies where the places it could copy from disagree (agree=0), how long a head's chain may be
+# (eagle's stop and gamma; auto's chain), and gamma
 CANDIDATES = (
     "ngram:gamma=4", "ngram:gamma=8",
     "eagle:stop=0.15,gamma=4", "eagle:stop=0.15,gamma=6", "eagle:stop=0.15,copy=1,gamma=4",
     "eagle:stop=0.15,copy=2,gamma=4", "eagle:stop=0.15,copy=2,gamma=8",
     "eagle:stop=0.3,copy=2,gamma=8",
+    "auto:lookup=2,chain=2,gamma=16", "auto:lookup=2,chain=3,gamma=16",
     "auto:lookup=2,chain=4,gamma=16", "auto:lookup=2,chain=6,gamma=16",
+    "auto:lookup=2,agree=0,gamma=16",
     "auto:lookup=1,gamma=16", "auto:lookup=2,gamma=16", "auto:lookup=3,gamma=16",
     "auto:lookup=2,gamma=8", "auto:lookup=2,first=4,gamma=16", "auto:lookup=2,first=16,gamma=16",
     "auto:lookup=2,shortest=2,gamma=16", "auto:lookup=2,shortest=8,gamma=16",
