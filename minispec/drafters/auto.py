@@ -19,8 +19,8 @@ leave gamma to the user; Hugging Face's "heuristic" schedule grows it after a fu
 round): after a lookup round whose copy was kept whole the next copy may be twice as long, up to
 the loop's gamma; after a rejection it is one more than the tokens kept, at least `shortest`.
 A copy the target keeps whole is text the answer is reproducing, where a long round pays: a
-kept copy of 16 makes 17 tokens for one call, which on SmolLM2 in float32 costs ~3.2 one-token
-steps (`python -m minispec.workloads tune` prints the costs by rows).
+kept copy of 16 makes 17 tokens for one call, which on SmolLM2 in float32 cost 2.7-3.2 one-token
+steps in the runs of `python -m minispec.workloads tune` (it prints the costs by rows).
 
 Exactness. The choice of drafter and the copy's length read only the context and the rounds
 already verified, never a draw of this round; so each round is a plain round of one of two
@@ -47,7 +47,7 @@ LOOKUP_FIRST = 8  # a generation's first lookup round copies up to 8 tokens
 LOOKUP_SHORTEST = 4  # after a rejection, a copy of at least 4
 LOOKUP_AGREE = True  # copy only where every earlier occurrence of the suffix goes on alike
 HEAD_CHAIN = 4  # the most drafts a head round holds (tuned: weights/README.md; None: gamma)
-ends_none = np.zeros(0, dtype=np.int64)  # no place to copy from
+_NOWHERE = np.zeros(0, dtype=np.int64)  # no place to copy from (as find_ngrams says it)
 
 
 def _count(value, what: str, least: int = 1) -> int:
@@ -104,9 +104,9 @@ class AutoDrafter(TreeDrafter):
         """A lookup's copy (q one-hot) where the context's suffix recurs, else the head's draft.
         """
         ctx = np.asarray(context, dtype=np.int64)
-        ends = find_ngrams(ctx, self.max_n, self.min_n) if gamma > 0 else ends_none
+        ends = find_ngrams(ctx, self.max_n, self.min_n) if gamma > 0 else _NOWHERE
         if self.agree and ends.size > 1 and np.unique(ctx[ends]).size > 1:
-            ends = ends_none  # the places disagree on the next token: the head's round
+            ends = _NOWHERE  # the places disagree on the next token: the head's round
         drafts = copy_from(ctx, int(ends[-1]), min(gamma, self.length), self.vocab_size) \
             if ends.size else []
         self.copied = (len(context), drafts) if drafts else None
