@@ -124,8 +124,8 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     spread = ahead > 0
     # two rows with `ahead` (float32) take a second pass, over the second row alone, whose sums
     # are thrown away: in one pass a block issued all its prefetches of the next at once, and
-    # SmolLM2's float32 products of 2 rows took 28.5 ms against 23.9 ms with the idle pass (3
-    # rows: 23.6 ms; weights/README.md, "One row, one stream")
+    # SmolLM2's float32 products of 2 rows took 28.5 ms against 22.5 ms with the idle pass (3
+    # rows: 22.6 ms; weights/README.md, "One row, one stream")
     runs = 3 if t == 2 and spread else t
     passes = (runs + 1) // 2
     for o in range(0, f - f % 4, 4):
@@ -166,7 +166,7 @@ def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
     # prefetcher follows (no prefetch instructions). The loop before this one kept 8 outputs in
     # registers, reading 8 rows side by side and prefetching 8 rows two blocks ahead: on
     # SmolLM2-135M a step's one-row products took 26 ms in float32 and 14.7 ms in bfloat16,
-    # against 18 and 12.3 ms here (the read test: 17.5 and 8.7 ms; weights/README.md, "One row,
+    # against 18 and 12.3 ms here (the read test: 18.3 and 8.7 ms; weights/README.md, "One row,
     # one stream"). Its single sum is split in two like the rows loop's (see _in_pairs).
     d = x.shape[1]
     x0 = x[0]
