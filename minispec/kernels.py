@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
-_prefetch = _eight = _tail = _widen = None  # numba functions the loops call, made with them
+_prefetch = _eight = _tail = _three = _widen = None  # numba functions the loops call
 _one = _rows = _product = _norm = _rope = _attend = None
 
 
@@ -26,8 +26,8 @@ def compiled() -> SimpleNamespace | None:
     `ahead`, for the product's last argument). numba is imported on the first call, not with
     minispec; the machine code comes from numba's cache (cache=True) after the first run on a
     machine."""
-    global _KERNELS, _prefetch, _eight, _tail, _widen, _one, _rows, _product, _norm, _rope
-    global _attend
+    global _KERNELS, _prefetch, _eight, _tail, _three, _widen, _one, _rows, _product, _norm
+    global _rope, _attend
     if _KERNELS is None:
         try:
             import numba
@@ -37,6 +37,7 @@ def compiled() -> SimpleNamespace | None:
         jit = numba.njit(fastmath=True, cache=True)
         _widen, _prefetch = _widen_intrinsic(numba), _prefetch_intrinsic(numba)
         _eight, _tail = _in_pairs(jit(_eight_rows_kernel)), jit(_tail_kernel)
+        _three = _in_pairs(jit(_three_rows_kernel))
         _one, _rows = _in_pairs(jit(_one_row_kernel)), _in_pairs(jit(_rows_kernel))
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
@@ -65,7 +66,9 @@ def _in_pairs(dispatcher):
     one-row loop's single sum by 4 (other partial sums, other last bits). So the interleave is
     fixed for these loops, through LLVM's -force-vector-interleave while numba compiles them
     (under numba's compiler lock, and reset after, so no other numba code sees it); 2 is what
-    LLVM picks for the rows loop here anyway, so its sums are the ones it always had."""
+    LLVM picks for the rows loop here anyway, so its sums are the ones it always had. (The
+    3-rows loop is a function of its own for the same reason: written inside the rows loop, its
+    12 sums beside the other loop's 8 came out in other bits.)"""
     import llvmlite.binding as llvm
     from numba.core.compiler_lock import global_compiler_lock
 
@@ -104,19 +107,20 @@ def _product_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
 
 def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # x [T >= 2, D_in] times wt [D_out, D_in] -> y [T, D_out]: 4 outputs x 2 rows in registers
-    # (an odd last row is paired with itself). The 4 weight rows are read from memory once, then
-    # from the L1 cache for the other row pairs; meanwhile the next 4 rows are prefetched into
-    # L2, a share per pass, so the memory keeps streaming while the core multiplies: the
-    # hardware prefetcher does not follow 4 short interleaved streams (without these prefetches
-    # a step's products took 2.3x as long, measured with bfloat16 weights on the shipped
-    # target's shapes). `ahead` > 0: the 4 prefetches of a line go through a loop whose count
-    # (ahead = 4) is known only at run time, which `ahead` asks for float32 weights and 2..8
-    # rows: SmolLM2's float32 calls of 2, 3, 4 and 5 tokens then took 31, 28, 28 and 33 ms
-    # against 36, 37, 38 and 40 ms with the prefetches written out side by side (the one-token
-    # step 28-29 ms either way; a script alternating the two loops' calls, one thread, an AMD
-    # EPYC). Why is not known: the loop likely spaces the prefetches out. For 16-bit weights,
-    # or 9+ rows, or one float32 row (its own loop), the loop was as fast or slower (up to 1.1x;
-    # weights/README.md lists what was tried).
+    # (an odd last row is paired with itself, except for 16-bit weights, see below). The 4
+    # weight rows are read from memory once, then from the L1 cache for the other row pairs;
+    # meanwhile the next 4 rows are prefetched into L2, a share per pass, so the memory keeps
+    # streaming while the core multiplies: the hardware prefetcher does not follow 4 short
+    # interleaved streams (without these prefetches a step's products took 2.3x as long,
+    # measured with bfloat16 weights on the shipped target's shapes). `ahead` > 0: the 4
+    # prefetches of a line go through a loop whose count (ahead = 4) is known only at run time,
+    # which `ahead` asks for float32 weights and 2..8 rows: SmolLM2's float32 calls of 2, 3, 4
+    # and 5 tokens then took 31, 28, 28 and 33 ms against 36, 37, 38 and 40 ms with the
+    # prefetches written out side by side (the one-token step 28-29 ms either way; a script
+    # alternating the two loops' calls, one thread, an AMD EPYC). Why is not known: the loop
+    # likely spaces the prefetches out. For 16-bit weights, or 9+ rows, or one float32 row (its
+    # own loop), the loop was as fast or slower (up to 1.1x; weights/README.md lists what was
+    # tried).
     t, d = x.shape
     f = wt.shape[0]
     last = t - 1
@@ -127,10 +131,17 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     # SmolLM2's float32 products of 2 rows took 28.5 ms against 22.5 ms with the idle pass (3
     # rows: 22.6 ms; weights/README.md, "One row, one stream")
     runs = 3 if t == 2 and spread else t
-    passes = (runs + 1) // 2
+    # 16-bit weights, an odd count: the first pass multiplies 3 rows (_three_rows_kernel), the
+    # others 2, so no row is multiplied twice. The shipped target's 5-token products took 2.68
+    # ms against 2.87 ms paired, SmolLM2's in bfloat16 23.1 against 24.8 ms (3 and 9 tokens: 18.5
+    # and 36.8 against 18.9 and 37.5 ms), alternating with the paired loop, medians. For float32
+    # weights it lost at 3 rows (SmolLM2: 35.6 against 28.7 ms; one pass issues all the next
+    # block's prefetches at once, as for 2 rows above), was level at 5 and gained 9% at 9.
+    three = t % 2 == 1 and wt.itemsize == 2
+    passes = (runs - 1) // 2 if three else (runs + 1) // 2
     for o in range(0, f - f % 4, 4):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
-        for r in range(0, runs, 2):
+        for r in range(1 if three else 0, runs, 2):
             x0, x1 = x[min(r, last)], x[min(r + 1, last)]  # an odd last row pairs with itself
             share = r // 2
             for c in range(lines * share // passes, lines * (share + 1) // passes):
@@ -140,6 +151,9 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
                 else:
                     for j in range(4):
                         _prefetch(wt, min(o + 4 + j, f - 1), c * 16)
+            if three and r == 1:  # rows 0, 1 and 2
+                _three(x, w0, w1, w2, w3, y, o)
+                continue
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
             for i in range(d):
                 v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
@@ -158,6 +172,35 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
             if r + 1 < t:
                 y[r + 1, o], y[r + 1, o + 1], y[r + 1, o + 2], y[r + 1, o + 3] = a10, a11, a12, a13
     _tail(x, wt, y, f - f % 4)
+
+
+def _three_rows_kernel(x, w0, w1, w2, w3, y, o):  # pragma: no cover - runs compiled
+    # rows 0..2 of x [T >= 3, D_in] times the 4 weight rows w0..w3 -> y[:3, o:o + 4]: the rows
+    # loop's first pass when it has an odd count of rows (4 outputs x 3 rows in registers,
+    # 2 x 12 of the 32 vector registers)
+    x0, x1, x2 = x[0], x[1], x[2]
+    a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
+    a20 = a21 = a22 = a23 = np.float32(0)
+    for i in range(x.shape[1]):
+        v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])
+        u = x0[i]
+        a00 += v0 * u
+        a01 += v1 * u
+        a02 += v2 * u
+        a03 += v3 * u
+        u = x1[i]
+        a10 += v0 * u
+        a11 += v1 * u
+        a12 += v2 * u
+        a13 += v3 * u
+        u = x2[i]
+        a20 += v0 * u
+        a21 += v1 * u
+        a22 += v2 * u
+        a23 += v3 * u
+    y[0, o], y[0, o + 1], y[0, o + 2], y[0, o + 3] = a00, a01, a02, a03
+    y[1, o], y[1, o + 1], y[1, o + 2], y[1, o + 3] = a10, a11, a12, a13
+    y[2, o], y[2, o + 1], y[2, o + 2], y[2, o + 3] = a20, a21, a22, a23
 
 
 def _one_row_kernel(x, wt, y):  # pragma: no cover - runs compiled
