@@ -70,6 +70,14 @@ def test_bench_json_is_consistent(pair, capsys):
     # the bytes a step's weight products read (as stored) per second of them
     assert fl["products_bandwidth"] == pytest.approx(
         fl["weight_bytes"] / r["costs"]["target_matmul_s"])
+    # a call of 5 tokens at no less than 5 tokens' arithmetic (8 rows, weights in the cache),
+    # nor than one step: the theorem's speedup at that verify cost
+    a = costs["arithmetic_per_token_s"]
+    assert a > 0 and fl["arithmetic_per_token_s"] == a
+    assert th["verify_ratio_arithmetic"] == pytest.approx(max(5 * a / costs["target_step_s"], 1))
+    assert th["predicted_speedup_arithmetic_verify"] == pytest.approx(
+        harness.predicted_speedup_measured_verify(th["alpha"], 4, costs["c"],
+                                                  th["verify_ratio_arithmetic"]))
     # speculative decoding is lossless: greedy outputs agree token for token
     agree = r["greedy_agreement"]["minispec speculative vs minispec autoregressive"]
     assert agree["identical"] == agree["total"] == r["settings"]["num_prompts"]

@@ -136,6 +136,28 @@ def test_memory_floor_counts_every_weight_matrix_once():
     assert harness.copy_bandwidth(2**20, repeats=2) > 0
 
 
+def test_arithmetic_per_token_scales_each_cut_matrix_to_the_whole(monkeypatch):
+    # a clock that advances by 1 ns per multiply-add of `linear`: the arithmetic of a token is
+    # then 1 ns times every weight of a step (each matrix of layer 0 timed cut, counted for
+    # every layer; the LM head once), whatever the cut
+    from minispec.core import model as core_model
+
+    model = random_model(tiny_config(tie_word_embeddings=True), seed=0)
+    clock = [0.0]
+
+    def linear(x, w):
+        clock[0] += 1e-9 * x.shape[0] * w.shape[0] * w.shape[1]
+
+    monkeypatch.setattr(core_model, "linear", linear)
+    monkeypatch.setattr(harness.time, "perf_counter", lambda: clock[0])
+    w = model.weights
+    layer = sum(w["layers"][0][n].size for n in ("wqkv", "wo", "w_gate", "w_up", "w_down"))
+    macs = model.n_layers * layer + w["lm_head"].size
+    for cut_bytes in (64, 4096, 2**20):
+        assert harness.arithmetic_per_token(model, cut_bytes=cut_bytes, repeats=2) == (
+            pytest.approx(1e-9 * macs))
+
+
 def test_time_methods_reports_medians_and_rates():
     class Result:
         def __init__(self, n):

@@ -60,6 +60,7 @@ from ..shipped import display, path_arg
 from . import harness
 from .harness import (
     COST_CONTEXT,
+    arithmetic_per_token,
     benchmark_eos,
     copy_bandwidth,
     decode_weight_bytes,
@@ -431,6 +432,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                  # a step's weight products alone, of one row and of the verify call's rows
                  "target_matmul_s": time_matmuls(target, 1, steps),
                  "verify_matmul_s": time_matmuls(target, gamma + 1, steps),
+                 # a token's arithmetic in a call of many, the weights in the cache
+                 "arithmetic_per_token_s": arithmetic_per_token(target, repeats=steps),
                  # the floor: the bytes a step reads (as stored) at the best read of as many,
                  # timed before the generation passes and again after them (below)
                  "read_bandwidth": read_bandwidth(decode_weight_bytes(target),
@@ -486,6 +489,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                        "products_bandwidth": decode_weight_bytes(target)
                        / costs["target_matmul_s"],
                        "step_fraction_of_floor": floor / costs["target_step_s"],
+                       "arithmetic_per_token_s": costs["arithmetic_per_token_s"],
                        "autoregressive_fraction_of_floor":
                        floor * base["decode_tokens_per_second"]}
     agreement = {}
@@ -537,6 +541,7 @@ def format_without_draft(report: dict) -> str:
             f"({fl['products_bandwidth'] / fl['bandwidth']:.0%} of the read test's); with "
             f"{s['gamma'] + 1} tokens {c['verify_matmul_s'] * ms:.2f} ms "
             f"({c['verify_matmul_s'] / c['target_matmul_s']:.2f}x)")
+        lines += _arithmetic_lines(fl)
     if "hf_target_step_s" in c:
         lines.append(f"  transformers (torch): decode step {c['hf_target_step_s'] * ms:.2f} ms, "
                      f"verify call {c['hf_verify_s'] * ms:.2f} ms "
@@ -553,6 +558,18 @@ def format_without_draft(report: dict) -> str:
                      f"{row['speedup']:7.2f}x {decode[0]:>8} {decode[1]:>8}")
     lines += _agreement_lines(report["greedy_agreement"], "greedy outputs (T = 0)")
     return "\n".join(lines)
+
+
+def _arithmetic_lines(fl: dict, indent: str = "  ") -> list[str]:
+    """The floor's companion: the arithmetic a token costs in a call of many (None off the CPU),
+    and how many tokens one step's reading of the weights pays for."""
+    a = fl.get("arithmetic_per_token_s")
+    if a is None:
+        return []
+    return [f"{indent}arithmetic alone {a * 1e3:.3f} ms a token (the products of 8 tokens in "
+            f"one call, each matrix cut to what the L2 cache holds): a call of k tokens takes "
+            f"at least k x that; the floor's reading pays for "
+            f"{fl['floor_step_s'] / a:.1f} tokens' arithmetic"]
 
 
 def _agreement_lines(agreement: dict, heading: str = "greedy outputs") -> list[str]:
@@ -620,6 +637,8 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
                           "large_bytes": copy_big}
     costs["floor"] = memory_floor(target, costs["bandwidth"]["read_weight_sized"])
     costs["floor_large"] = memory_floor(target, costs["bandwidth"]["read_large"])
+    # the arithmetic of a token in a call of many, with the weights in the cache (8 rows)
+    costs["arithmetic_per_token_s"] = arithmetic_per_token(target, repeats=3 if quick else 20)
     return costs
 
 
@@ -707,7 +726,16 @@ def _derive(report: dict, gamma) -> None:
         "floor_step_s_large": costs["floor_large"]["floor_step_s"],
         # the weight products of one step alone: the bytes they read (as stored) per second
         "products_bandwidth": floor["weight_bytes"] / costs["target_matmul_s"],
+        "arithmetic_per_token_s": costs["arithmetic_per_token_s"],
     }
+    a = costs["arithmetic_per_token_s"]
+    if a is not None and verify_ratio is not None:
+        # the verify call at no less than its arithmetic: the theorem's speedup with that cost
+        # (or one step's, if more), what a kernel that only paid for its arithmetic would reach
+        least = max((round(g) + 1) * a / costs["target_step_s"], 1.0)
+        report["theory"]["verify_ratio_arithmetic"] = least
+        report["theory"]["predicted_speedup_arithmetic_verify"] = (
+            predicted_speedup_measured_verify(alpha, g, c, least))
     calls = costs["target_call_s"]["minispec"]
     t5, t9 = calls["5"] / calls["1"], calls["9"] / calls["1"]
     aims = {
@@ -803,6 +831,7 @@ def format_report(report: dict) -> str:
          f"{bw['copy_large'] / 1e9:.1f} GB/s)"),
         (f"  the weight products of a step read {fl['products_bandwidth'] / 1e9:.1f} GB/s "
          f"({fl['products_bandwidth'] / fl['bandwidth']:.0%} of the read test's)"),
+        *_arithmetic_lines(fl),
         (f"  autoregressive decoding runs at {fl['autoregressive_fraction_of_floor']:.0%} of the "
          f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the decode loop; "
          f"the bare forward step at {fl['forward_fraction_of_floor']:.0%}; "
@@ -849,6 +878,12 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
+    if th.get("verify_ratio_arithmetic") is not None:
+        lines.append(
+            f"  with the verify call at its arithmetic alone, "
+            f"{th['verify_ratio_arithmetic']:.2f} decode steps: predicted "
+            f"{th['predicted_speedup_arithmetic_verify']:.2f}x (what the kernel's "
+            f"arithmetic leaves room for)")
     lines += _agreement_lines(report["greedy_agreement"])
     lines += ["", "aims"]
     for key, a in report["aims"].items():

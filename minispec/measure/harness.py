@@ -234,6 +234,37 @@ def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float
     return median(times)
 
 
+def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: int = 20
+                         ) -> float | None:
+    """Seconds of weight-product arithmetic per token in a call of many tokens, with the weights
+    in the cache: each of a step's matrices cut to its first outputs (about cut_bytes, which the
+    CPU's L2 cache holds), multiplied by `rows` rows of ones through model.py's `linear`, its
+    best time scaled to the whole matrix and divided by `rows`. A call of k tokens takes at least
+    k times this, as it takes at least the memory floor: past k = floor / this, a verify call is
+    bound by its arithmetic, not by reading the weights. None off the CPU."""
+    from ..core.model import linear
+
+    if model.xp is not np:
+        return None
+    w = model.weights
+    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+    mats = [(w["layers"][0][n], model.n_layers) for n in names
+            if w["layers"][0].get(n) is not None] + [(w["lm_head"], 1)]
+    total = 0.0
+    for m, count in mats:
+        d_in, d_out = m.shape
+        n = max(1, min(d_out, cut_bytes // (d_in * m.dtype.itemsize)))
+        cut, x = m[:, :n], np.ones((rows, d_in), dtype=model.dtype)
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first fills the cache
+            t0 = time.perf_counter()
+            for _ in range(10):
+                linear(x, cut)
+            best = min(best, (time.perf_counter() - t0) / 10)
+        total += best * (d_out / n) * count
+    return total / rows
+
+
 def verify_cost_curve(model, ks: Sequence[int] = range(1, 10), context: int = 64,
                       repeats: int = 20) -> dict[int, float]:
     """{k: t(k tokens in one call) / t(1 token)}: how much checking k tokens costs over one."""
