@@ -110,8 +110,9 @@ def test_16_bit_weights_give_the_float32_products_bit_for_bit(name, stored):
 @pytest.mark.parametrize("stored", [None, as_bf16, as_f16])
 @pytest.mark.parametrize("name", SHAPES)
 def test_a_row_does_not_depend_on_the_rows_beside_it(name, stored):
-    # 1 row, 2..32 rows and the tails go through four loops that sum each dot product alike,
-    # so a verify call's products equal, bit for bit, the same rows sent alone or in another group
+    # 1 row, 2..32 rows (an odd count of 16-bit rows starting with 3), and the tails go through
+    # five loops that sum each dot product alike, so a verify call's products equal, bit for bit,
+    # the same rows sent alone or in another group
     w = weight(*SHAPES[name])
     w = w if stored is None else stored(w)
     x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
