@@ -25,6 +25,25 @@ def test_roofline_reports_the_floor_and_the_same_tokens(capsys):
     assert p["floor_fraction"] == pytest.approx(r["floor_step_s"] / p["step_s"]["1"])
     assert set(p["t_over_t1"]) == {"1", "2", "3", "5", "9", "16"} and p["t_over_t1"]["1"] == 1
     assert len(p["tokens"]) == 6 and p["same_tokens_as_plain"] == 6
+    # each call against the larger of its two floors: reading the weights, k tokens' arithmetic
+    a = r["arithmetic_per_token_s"]
+    assert a > 0
+    for k, s in p["step_s"].items():
+        assert p["call_floor_fraction"][k] == pytest.approx(
+            max(r["floor_step_s"], int(k) * a) / s)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                    reason="transformers' generate beside minispec's needs the parity extra")
+def test_roofline_with_transformers_beside_it(capsys):
+    # the default --dtype (the checkpoint's bfloat16 kept as stored, computed in float32):
+    # transformers generates in float32 too, and its greedy tokens are minispec's
+    assert roofline.main(["--repeats", "1", "--new-tokens", "4", "--json", "--device",
+                          "cpu"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for attn in ("eager", "sdpa"):
+        assert r[f"hf_{attn}"]["same_tokens_as_plain"] == 4
+        assert r[f"hf_{attn}"]["generate_tokens_per_s"] > 0
 
 
 def test_leading_agreement():

@@ -3,7 +3,10 @@
 A decode step must read every weight once: weight bytes / memory bandwidth is its floor. This
 command measures the bandwidth (a read-only pass over a large array), the step time of a target
 call of k tokens (k = 1 is a decode step, k = gamma + 1 a verify call), greedy generation, and the
-same checkpoint in transformers, and prints the fraction of the floor each reaches.
+same checkpoint in transformers, and prints the fraction of the floor each reaches. On the CPU
+it also times the other roof, a token's arithmetic with the weights in the cache
+(`harness.arithmetic_per_token`): a call of k tokens can take no less than k times it, and each
+call is set against the larger of its two floors.
 
     minispec roofline                                    # the shipped target, CPU
     minispec roofline --device gpu --dtype float16       # the same on the GPU, CUDA graphs on/off
@@ -78,7 +81,8 @@ def generate_seconds(model, n: int, repeats: int = 3) -> tuple[float, list[int]]
 
 def hf_generate_seconds(path, device: str, dtype: str, n: int, attn: str,
                         repeats: int = 3) -> tuple[float, list[int]]:
-    """The same in transformers' generate (attention implementation `attn`)."""
+    """The same in transformers' generate (attention implementation `attn`), computing in
+    `dtype` ("float32", "float16", ...)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -124,6 +128,9 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
               "hardware": gpu_name(xp), "read_bandwidth_GBps": bw / 1e9,
               "copy_bandwidth_GBps": harness.copy_bandwidth(nbytes, 10, xp) / 1e9,
               "weight_bytes": floor["weight_bytes"], "floor_step_s": floor["floor_step_s"],
+              # the other roof, on the CPU: a token's arithmetic with the weights in the cache;
+              # a call of k tokens takes at least max(floor, k x this)
+              "arithmetic_per_token_s": harness.arithmetic_per_token(model, repeats=repeats),
               "paths": {}}
     paths = ["plain"] + (["graphs"] if graphs and model.device == "gpu" else [])
     for name in paths:
@@ -144,6 +151,10 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
             "t_over_t1": {str(k): s / steps[0] for k, s in zip(ks, steps)},
             "floor_fraction": floor["floor_step_s"] / steps[0],
             "generate_tokens_per_s": new_tokens / gen_s, "tokens": tokens}
+        a = report["arithmetic_per_token_s"]
+        if a is not None:  # each call against its floor: reading the weights or its arithmetic
+            report["paths"][name]["call_floor_fraction"] = {
+                str(k): max(floor["floor_step_s"], k * a) / s for k, s in zip(ks, steps)}
         if name == "graphs":
             report["paths"][name]["graph_captures"] = model.fast_steps.captures
             report["paths"][name]["seconds_with_captures"] = time.perf_counter() - t0
@@ -155,8 +166,8 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
         p["same_tokens_as_plain"] = leading_agreement(p["tokens"], plain)
     del model
     if hf and importlib.util.find_spec("transformers") is not None:
-        for attn in ("eager", "sdpa"):
-            s, tokens = hf_generate_seconds(path, device, dtype, new_tokens, attn)
+        for attn in ("eager", "sdpa"):  # in minispec's compute dtype (float32 unless --dtype)
+            s, tokens = hf_generate_seconds(path, device, report["dtype"], new_tokens, attn)
             report[f"hf_{attn}"] = {"generate_tokens_per_s": new_tokens / s,
                                     "same_tokens_as_plain": leading_agreement(tokens, plain)}
     return report
@@ -167,6 +178,11 @@ def format_report(r: dict) -> str:
              f"{r['weight_bytes'] / 1e9:.3f} GB, read bandwidth {r['read_bandwidth_GBps']:.0f} "
              f"GB/s (copy {r['copy_bandwidth_GBps']:.0f}), floor "
              f"{r['floor_step_s'] * 1e3:.3f} ms per step"]
+    if r.get("arithmetic_per_token_s"):
+        a = r["arithmetic_per_token_s"]
+        lines.append(f"  arithmetic alone {a * 1e3:.3f} ms a token (the products of 8 tokens, "
+                     f"the weights in the cache): one step's reading pays for "
+                     f"{r['floor_step_s'] / a:.1f} tokens' arithmetic")
     for name, p in r["paths"].items():
         steps = ", ".join(f"t({k}) {s * 1e3:.3f}" for k, s in p["step_s"].items())
         ratios = ", ".join(f"{k}: {v:.2f}" for k, v in p["t_over_t1"].items() if k != "1")
@@ -174,6 +190,9 @@ def format_report(r: dict) -> str:
         lines.append(f"          decode step at {p['floor_fraction']:.0%} of the floor; greedy "
                      f"generate {p['generate_tokens_per_s']:.1f} tok/s; "
                      f"{p['same_tokens_as_plain']}/{len(p['tokens'])} tokens as plain")
+        if r.get("arithmetic_per_token_s"):
+            calls = ", ".join(f"t({k}) {v:.0%}" for k, v in p["call_floor_fraction"].items())
+            lines.append(f"          each call against max(floor, k x arithmetic): {calls}")
     best = max(p["generate_tokens_per_s"] for p in r["paths"].values())
     for attn in ("eager", "sdpa"):
         if f"hf_{attn}" in r:
