@@ -143,6 +143,8 @@ def test_bench_without_a_draft_model(pair, capsys):
         assert gen[name]["speedup"] == pytest.approx(
             gen[name]["tokens_per_second"] / gen[mine[0]]["tokens_per_second"])
     assert gen[mine[0]]["tokens_per_target_call"] == 1.0
+    # the floor's companion: a token's arithmetic, the same figure in costs and floor
+    assert r["floor"]["arithmetic_per_token_s"] == r["costs"]["arithmetic_per_token_s"] > 0
     # the floor: the bytes a step reads as stored, at the read test's rate; the step's fraction
     fl, costs = r["floor"], r["costs"]
     assert fl["weight_bytes"] == r["target"]["weight_bytes"]
