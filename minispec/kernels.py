@@ -142,7 +142,6 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
     for o in range(0, f - f % 4, 4):
         w0, w1, w2, w3 = wt[o], wt[o + 1], wt[o + 2], wt[o + 3]
         for r in range(1 if three else 0, runs, 2):
-            x0, x1 = x[min(r, last)], x[min(r + 1, last)]  # an odd last row pairs with itself
             share = r // 2
             for c in range(lines * share // passes, lines * (share + 1) // passes):
                 if spread:  # a count known only at run time (see above)
@@ -154,6 +153,7 @@ def _rows_kernel(x, wt, y, ahead):  # pragma: no cover - runs compiled
             if three and r == 1:  # rows 0, 1 and 2
                 _three(x, w0, w1, w2, w3, y, o)
                 continue
+            x0, x1 = x[min(r, last)], x[min(r + 1, last)]  # an odd last row pairs with itself
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0)
             for i in range(d):
                 v0, v1, v2, v3 = _widen(w0[i]), _widen(w1[i]), _widen(w2[i]), _widen(w3[i])

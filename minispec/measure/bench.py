@@ -560,13 +560,13 @@ def format_without_draft(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _arithmetic_lines(fl: dict, indent: str = "  ") -> list[str]:
+def _arithmetic_lines(fl: dict) -> list[str]:
     """The floor's companion: the arithmetic a token costs in a call of many (None off the CPU),
     and how many tokens one step's reading of the weights pays for."""
     a = fl.get("arithmetic_per_token_s")
     if a is None:
         return []
-    return [f"{indent}arithmetic alone {a * 1e3:.3f} ms a token (the products of 8 tokens in "
+    return [f"  arithmetic alone {a * 1e3:.3f} ms a token (the products of 8 tokens in "
             f"one call, each matrix cut to what the L2 cache holds): a call of k tokens takes "
             f"at least k x that; the floor's reading pays for "
             f"{fl['floor_step_s'] / a:.1f} tokens' arithmetic"]

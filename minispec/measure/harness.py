@@ -212,6 +212,9 @@ def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: i
     return {n: median(t) for n, t in times.items()}
 
 
+PRODUCTS = ("wqkv", "wo", "w_gate", "w_up", "w_down")  # a layer's weight matrices, in order
+
+
 def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
     """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
     and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
@@ -219,8 +222,7 @@ def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float
     from ..core.model import linear
 
     xp, w = model.xp, model.weights
-    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
-    mats = [layer[n] for layer in w["layers"] for n in names if layer.get(n) is not None]
+    mats = [layer[n] for layer in w["layers"] for n in PRODUCTS if layer.get(n) is not None]
     mats.append(w["lm_head"])
     xs = {m.shape[0]: xp.ones((k, m.shape[0]), dtype=model.dtype) for m in mats}
     times = []
@@ -247,8 +249,7 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
     if model.xp is not np:
         return None
     w = model.weights
-    names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
-    mats = [(w["layers"][0][n], model.n_layers) for n in names
+    mats = [(w["layers"][0][n], model.n_layers) for n in PRODUCTS
             if w["layers"][0].get(n) is not None] + [(w["lm_head"], 1)]
     total = 0.0
     for m, count in mats:
