@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import mmap
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from types import ModuleType
 
@@ -131,9 +132,11 @@ class Arena:
 # A decode step is bound by reading the weights: checking k drafted tokens should cost about what
 # one token does, because each weight, once read, can be multiplied with all k rows. NumPy's
 # OpenBLAS does not do that for a few rows: it first copies ("packs") the whole weight matrix, so
-# 2 rows cost 2-4x one row. `few_rows_matmul` below reads each weight once for all rows. Weights
-# are stored one output per row (loader.py keeps the checkpoint's [D_out, D_in] and hands model.py
-# the transposed view w [D_in, D_out]), so each output's weights are one contiguous stream.
+# 2 rows cost 2-4x one row. `few_rows_matmul` below reads each weight once for all rows, from a
+# copy of it laid out for the kernel (kernels.tiles: 64 outputs side by side for each input),
+# made on the weight's first product and kept while the weight lives (`kernel_weight`): the
+# kernel's speed costs a second copy of each weight it multiplies. loader.py keeps the
+# checkpoint's [D_out, D_in] and hands model.py the transposed view w [D_in, D_out].
 #
 # Weights as stored. A bfloat16 checkpoint's weights can stay 16-bit in memory: NumPy has no
 # bfloat16, so they are kept as uint16 arrays holding the top half of each float32 (`BF16`), and
@@ -157,7 +160,7 @@ def widen(w: np.ndarray) -> np.ndarray:
         return w
     return (w.astype(np.uint32) << 16).view(np.float32)  # same shape; a view of a new array
 
-KERNEL_MAX_ROWS = 32  # more rows than this go to the BLAS, whose packing then pays for itself
+KERNEL_MAX_ROWS = 256  # more rows than this go to the BLAS (the kernel was faster up to 256 rows)
 
 _KERNEL_WEIGHTS = (np.dtype(np.float32), BF16, F16)
 _kernel_wanted = True  # use_kernel(False) sends every product to `x @ w`, for tests and bench
@@ -167,10 +170,10 @@ _loops = None  # minispec/kernels.py's compiled loops, made on the first product
 def matmul(x, w):
     """x @ w for activations x [T, D_in] and a weight w [D_in, D_out] (or a transposed view).
 
-    The same product everywhere. On the CPU, 1..32 float32 rows against a float32, BF16 or F16
-    weight stored one output per row (w.T C-contiguous: every weight loader.py makes) go through
-    `few_rows_matmul`; everything else is `x @ w` (CuPy's is cuBLAS), a 16-bit weight widened
-    first.
+    The same product everywhere. On the CPU, 1..KERNEL_MAX_ROWS (256) float32 rows against a
+    float32, BF16 or F16 weight stored one output per row (w.T C-contiguous: every weight
+    loader.py makes) go through `few_rows_matmul`; everything else is `x @ w` (CuPy's is
+    cuBLAS), a 16-bit weight widened first.
     """
     if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
             and x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.ndim == 2
@@ -185,11 +188,11 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x @ w for a few float32 rows x [T, D_in], reading each weight of w [D_in, D_out] once.
 
     w: float32, BF16 or F16 (widened in registers), a transposed view of a C-contiguous
-    [D_out, D_in] array. Needs numba (a
-    MinispecError without it). Each output is a dot product of one contiguous weight row with
-    each x row, summed in the same order whatever T is, so a row's result does not depend on the
-    rows beside it: a verify call's logits equal those of one-token steps, bit for bit, as far
-    as the weight products go. tests/test_backend.py checks it against `x @ w`.
+    [D_out, D_in] array. Needs numba (a MinispecError without it). Each output is summed in one
+    order whatever T is (one fused multiply-add per input, first to last), so a row's result
+    does not depend on the rows beside it: a verify call's logits equal those of one-token
+    steps, bit for bit, as far as the weight products go. tests/test_backend.py checks it
+    against `x @ w`.
     """
     if not _compiled():
         raise MinispecError("few_rows_matmul: needs numba (pip install numba)")
@@ -204,14 +207,28 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
-    _loops.product(np.ascontiguousarray(x), kernel_weight(w), y, _loops.ahead(w.dtype, x.shape[0]))
+    _loops.product(np.ascontiguousarray(x), kernel_weight(w), y)
     return y
 
 
+_TILES: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # id(w) -> (w, the tiles of w)
+_TILE_ARENA = Arena()  # where the tiles live: side by side, in the order of first use
+
+
 def kernel_weight(w: np.ndarray) -> np.ndarray:
-    """The array the kernels read for a weight w [D_in, D_out]: its transpose [D_out, D_in], a
-    float16 one as int16 bits (numba has no float16 arrays)."""
-    return w.T if w.dtype != F16 else w.T.view(np.int16)
+    """The array the kernel reads for a weight w [D_in, D_out] stored [D_out, D_in]: its tiles
+    (kernels.tiles; a float16 weight's as int16 bits, numba has no float16 arrays), made on the
+    first call for w and kept until w is freed, in an Arena: on 2 MB pages, one after the other
+    in the order a step first multiplies them."""
+    hit = _TILES.get(id(w))
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    from .kernels import tiles
+
+    key = id(w)
+    made = _TILE_ARENA.put(tiles(w.T if w.dtype != F16 else w.T.view(np.int16)))
+    _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
+    return made
 
 
 @contextlib.contextmanager

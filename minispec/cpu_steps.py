@@ -106,8 +106,7 @@ class NumbaKernels(PlainKernels):
             np.ascontiguousarray(x), *w, np.float32(config.norm_eps), tables[0], tables[1],
             k_cache, v_cache, positions, positions if slots is None else slots,
             tree if has_tree else _NO_TREE, has_tree, config.n_heads, config.n_kv_heads,
-            np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0,
-            self._k.ahead(p["wqkv"].dtype, x.shape[0]))
+            np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0)
         return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
 
     def _block_weights(self, p, tables):
@@ -122,7 +121,7 @@ class NumbaKernels(PlainKernels):
             w = None
             if plain:
                 wqkv, wo, gate, up = (kernel_weight(p[n]) for n in names[:4])
-                w = (p["attn_norm_w"], wqkv, wo, p["mlp_norm_w"], gate, up)
+                w = (p["attn_norm_w"], wqkv, wo, p["mlp_norm_w"], gate, up, p["w_up"].shape[1])
             seen = self._weights[id(p)] = (p, w)
         return seen[1] if tables is not None else None
 

@@ -1,9 +1,11 @@
 """minispec/backend.py: the one CPU speed path of the math (backend.matmul, few_rows_matmul)
 against NumPy's `x @ w`, at every weight shape of the shipped models and of SmolLM2-135M, 1..32
-rows; and the fallback to `x @ w` when the kernel is off or numba is missing."""
+rows and more; and the fallback to `x @ w` when the kernel is off or numba is missing."""
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from minispec.backend import (
     Arena,
     few_rows_matmul,
     kernel_available,
+    kernel_weight,
     matmul,
     use_kernel,
     widen,
@@ -37,6 +40,7 @@ SHAPES = {
     "smollm2 down": (1536, 576), "odd": (37, 13),
 }
 SMOLLM2_HEAD = (576, 49152)  # 113 MB: a few rows only, to stay fast
+ROWS = 32  # every row count up to this one is tried: 1..6 rows make one pass, more make several
 RNG = np.random.default_rng(0)
 
 
@@ -61,9 +65,9 @@ def assert_close(got, exact, scale):
 @pytest.mark.parametrize("name", SHAPES)
 def test_few_rows_equal_numpy_at_every_shape(name):
     w = weight(*SHAPES[name])
-    x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
+    x = RNG.standard_normal((100, w.shape[0]), dtype=np.float32)
     exact, scale = reference(x, w)  # row by row: rows :t of it are those of x[:t]
-    for t in range(1, KERNEL_MAX_ROWS + 1):
+    for t in [*range(1, ROWS + 1), 100]:
         assert_close(matmul(x[:t], w), exact[:t], scale[:t])
     assert_close(x @ w, exact, scale)  # NumPy itself meets the same bound
 
@@ -95,7 +99,7 @@ def test_16_bit_weights_give_the_float32_products_bit_for_bit(name, stored):
     # a BF16 or F16 weight is widened in registers and summed in the same order as its float32
     # copy: every row count, every shape, the same bits as the widened-at-load weight
     w = stored(weight(*(SHAPES.get(name) or SMOLLM2_HEAD)))
-    rows = KERNEL_MAX_ROWS + 1 if name != "smollm2 head" else 2
+    rows = ROWS + 1 if name != "smollm2 head" else 2
     x = RNG.standard_normal((rows, w.shape[0]), dtype=np.float32)
     wide = widen(w)
     assert wide.T.flags.c_contiguous and w.nbytes * 2 == wide.nbytes
@@ -110,14 +114,14 @@ def test_16_bit_weights_give_the_float32_products_bit_for_bit(name, stored):
 @pytest.mark.parametrize("stored", [None, as_bf16, as_f16])
 @pytest.mark.parametrize("name", SHAPES)
 def test_a_row_does_not_depend_on_the_rows_beside_it(name, stored):
-    # 1 row, 2..32 rows (an odd count of 16-bit rows starting with 3), and the tails go through
-    # five loops that sum each dot product alike, so a verify call's products equal, bit for bit,
-    # the same rows sent alone or in another group
+    # each output is summed in one order, whatever rows go with it in a pass (1..6) or how many
+    # passes there are, so a verify call's products equal, bit for bit, the same rows sent
+    # alone or in another group
     w = weight(*SHAPES[name])
     w = w if stored is None else stored(w)
-    x = RNG.standard_normal((KERNEL_MAX_ROWS, w.shape[0]), dtype=np.float32)
+    x = RNG.standard_normal((ROWS, w.shape[0]), dtype=np.float32)
     y = matmul(x, w)
-    for t in range(1, KERNEL_MAX_ROWS):
+    for t in range(1, ROWS):
         np.testing.assert_array_equal(y[:t], matmul(x[:t], w))
         np.testing.assert_array_equal(y[t:], matmul(x[t:], w))
     np.testing.assert_array_equal(y[[4, 4]], matmul(x[[4, 4]], w))
@@ -133,9 +137,9 @@ def test_the_big_lm_head_with_a_few_rows():
 
 
 def test_products_outside_the_kernel_are_numpys():
-    # more than 32 rows, other dtypes, a weight stored [in, out]: exactly `x @ w`
+    # more than KERNEL_MAX_ROWS rows, other dtypes, a weight stored [in, out]: exactly `x @ w`
     w = weight(192, 320)
-    x = RNG.standard_normal((40, 192), dtype=np.float32)
+    x = RNG.standard_normal((KERNEL_MAX_ROWS + 1, 192), dtype=np.float32)
     np.testing.assert_array_equal(matmul(x, w), x @ w)
     c = np.ascontiguousarray(w)
     np.testing.assert_array_equal(matmul(x[:5], c), x[:5] @ c)
@@ -161,6 +165,22 @@ def test_few_rows_matmul_says_what_it_expected():
         few_rows_matmul(x, np.ones((8, 4), np.float32))  # C-contiguous [in, out]
     with pytest.raises(MinispecError, match="float32"):
         few_rows_matmul(x.astype(np.float64), np.ones((4, 8)).T)
+
+
+@needs_numba
+def test_the_kernels_copy_of_a_weight_is_its_tiles_kept_while_the_weight_lives():
+    # the kernel reads a copy of w laid out 64 outputs to a tile, made once, zeros past D_out,
+    # and freed with w (a model dropped gives its memory back)
+    w = weight(48, 100)
+    tiles = kernel_weight(w)
+    assert kernel_weight(w) is tiles and tiles.shape == (2, 48, 64)
+    np.testing.assert_array_equal(tiles[0], w[:, :64])
+    np.testing.assert_array_equal(tiles[1, :, :36], w[:, 64:])
+    assert not tiles[1, :, 36:].any() and tiles.ctypes.data % 64 == 0
+    gone = weakref.ref(tiles)
+    del w, tiles
+    gc.collect()
+    assert gone() is None
 
 
 def test_the_shipped_weights_are_stored_one_output_per_row():

@@ -255,6 +255,7 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
     for m, count in mats:
         d_in, d_out = m.shape
         n = max(1, min(d_out, cut_bytes // (d_in * m.dtype.itemsize)))
+        n -= n % 64 if n > 64 else 0  # whole tiles of the kernel's 64 outputs (kernels.LANES)
         cut, x = m[:, :n], np.ones((rows, d_in), dtype=model.dtype)
         best = float("inf")
         for _ in range(repeats + 1):  # the first fills the cache
