@@ -219,7 +219,9 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
     """The array the kernel reads for a weight w [D_in, D_out] stored [D_out, D_in]: its tiles
     (kernels.tiles; a float16 weight's as int16 bits, numba has no float16 arrays), made on the
     first call for w and kept until w is freed, in an Arena: on 2 MB pages, one after the other
-    in the order a step first multiplies them."""
+    in the order a step first multiplies them. From then on w (and the array it views) is
+    read-only: a change in place would not reach the copy, so NumPy refuses it (to change a
+    weight, put a new array in the model's weights)."""
     hit = _TILES.get(id(w))
     if hit is not None and hit[0]() is w:
         return hit[1]
@@ -228,6 +230,9 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
     key = id(w)
     made = _TILE_ARENA.put(tiles(w.T if w.dtype != F16 else w.T.view(np.int16)))
     _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
+    for a in (w, w.base):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
     return made
 
 

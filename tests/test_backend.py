@@ -170,13 +170,19 @@ def test_few_rows_matmul_says_what_it_expected():
 @needs_numba
 def test_the_kernels_copy_of_a_weight_is_its_tiles_kept_while_the_weight_lives():
     # the kernel reads a copy of w laid out 64 outputs to a tile, made once, zeros past D_out,
-    # and freed with w (a model dropped gives its memory back)
+    # and freed with w (a model dropped gives its memory back); w is read-only from then on
     w = weight(48, 100)
     tiles = kernel_weight(w)
     assert kernel_weight(w) is tiles and tiles.shape == (2, 48, 64)
     np.testing.assert_array_equal(tiles[0], w[:, :64])
     np.testing.assert_array_equal(tiles[1, :, :36], w[:, 64:])
     assert not tiles[1, :, 36:].any() and tiles.ctypes.data % 64 == 0
+    with pytest.raises(ValueError, match="read-only"):  # the copy would not see the change
+        w[0, 0] = 1.0
+    stored = RNG.standard_normal((8, 16), dtype=np.float32)  # [D_out, D_in], as loader.py
+    kernel_weight(stored.T)
+    with pytest.raises(ValueError, match="read-only"):
+        stored[0, 0] = 1.0  # nor through the array w views (a tied head's embedding)
     gone = weakref.ref(tiles)
     del w, tiles
     gc.collect()
