@@ -222,12 +222,12 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
     in the order a step first multiplies them. From then on w (and the array it views) is
     read-only: a change in place would not reach the copy, so NumPy refuses it (to change a
     weight, put a new array in the model's weights)."""
-    hit = _TILES.get(id(w))
+    key = id(w)
+    hit = _TILES.get(key)
     if hit is not None and hit[0]() is w:
         return hit[1]
     from .kernels import tiles
 
-    key = id(w)
     made = _TILE_ARENA.put(tiles(w.T if w.dtype != F16 else w.T.view(np.int16)))
     _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
     for a in (w, w.base):

@@ -36,6 +36,7 @@ import numpy as np
 from ..backend import get_blas_threads, set_blas_threads
 from ..core.speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 from ..errors import MinispecError
+from ..kernels import LANES
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
@@ -255,7 +256,7 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
     for m, count in mats:
         d_in, d_out = m.shape
         n = max(1, min(d_out, cut_bytes // (d_in * m.dtype.itemsize)))
-        n -= n % 64 if n > 64 else 0  # whole tiles of the kernel's 64 outputs (kernels.LANES)
+        n -= n % LANES if n > LANES else 0  # whole tiles of the kernel's outputs
         cut, x = m[:, :n], np.ones((rows, d_in), dtype=model.dtype)
         best = float("inf")
         for _ in range(repeats + 1):  # the first fills the cache
