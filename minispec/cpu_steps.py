@@ -11,7 +11,8 @@ same block as model.block with the positions given as data), with CPU kernels. A
 block (RMSNorm, RoPE, SwiGLU, no biases) runs those loops in one call as far as its SiLU
 (kernels.block_front), which then stays NumPy's (its tanh is vectorized, numba's is not): the
 same arithmetic in the same order as piece by piece, so the same bits, with fewer calls from
-Python (a decode step 1.01-1.09x faster, weights/README.md "A block in one call").
+Python (a decode step 1.01-1.09x faster, weights/README.md "A block in one call"); a batch's
+such block is one call for all its sequences (kernels.batch_front).
 
 Every row's arithmetic is done alone, in the same order whatever the other rows are, so a verify
 call of k tokens gives each token the logits a one-token step gives it, bit for bit, as the plain
@@ -109,6 +110,18 @@ class NumbaKernels(PlainKernels):
             np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0)
         return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
 
+    def batch_block(self, x, p, config, tables, bounds, k_caches, v_caches, layer, positions):
+        """`block` for B sequences' rows laid end to end (rows bounds[b]..bounds[b+1] - 1 are
+        sequence b's) in one call of kernels.batch_front: k_caches, v_caches are numba lists of
+        each sequence's cache arrays [L, K, S_max, E], `layer` the one this block writes. Only
+        for a layer `_block_weights` serves."""
+        h, gate, up = self._k.batch_front(
+            np.ascontiguousarray(x), bounds, *self._block_weights(p, tables),
+            np.float32(config.norm_eps), tables[0], tables[1], k_caches, v_caches, layer,
+            positions, config.n_heads, config.n_kv_heads,
+            np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0)
+        return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
+
     def _block_weights(self, p, tables):
         """A Llama-shaped layer's norms and weights as kernels.block_front reads them (made once per
         layer), or None for any other layer."""
@@ -143,7 +156,8 @@ def _silu_mul(gate, up):
 class _BatchKernels:
     """NumbaKernels for B sequences' rows laid end to end (rows bounds[b]..bounds[b+1] are
     sequence b's): norms and products over every row at once, RoPE with the cache write and
-    attention sequence by sequence, on that sequence's own caches (k_cache, v_cache: lists)."""
+    attention sequence by sequence, on that sequence's own caches (k_cache, v_cache: lists).
+    For the blocks NumbaKernels.batch_block does not take (biases, LayerNorm, GELU)."""
 
     def __init__(self, kernels, bounds):
         self.k, self.bounds = kernels, bounds
@@ -218,16 +232,28 @@ class CpuSteps:
     def batch_layers(self, h, caches, starts, sizes):
         """Every layer for B sequences (batch_forward.batch_run_layers): rows h [N, D], sequence
         b's sizes[b] rows at positions starts[b].. on caches[b], laid end to end. Norms, weight
-        products and the MLP see all N rows; RoPE with the cache write and attention are one
-        numba call per sequence. None when a sequence feeds more than MAX_TOKENS tokens. The
-        caller has checked that every span fits its cache."""
+        products and the MLP see all N rows; RoPE with the cache write and attention go sequence
+        by sequence: inside one numba call per layer for Llama-shaped blocks
+        (`NumbaKernels.batch_block`), else one call per sequence and layer. None when a sequence
+        feeds more than MAX_TOKENS tokens. The caller has checked that every span fits its
+        cache."""
         m = self.model
         if not sizes or max(sizes) > MAX_TOKENS or min(sizes) < 1:
             return None
         self._tables(max(p + t for p, t in zip(starts, sizes)))
         positions = np.concatenate([np.arange(p, p + t, dtype=np.int64)
                                     for p, t in zip(starts, sizes)])
-        kernels = _BatchKernels(self.kernels, np.cumsum([0, *sizes]).tolist())
+        bounds = np.cumsum([0, *sizes])
+        tables = None if m._inv_freq is None else (m._cos, m._sin)
+        blocks, one = m.weights["layers"], self.kernels
+        if kernel_in_use() and all(one._block_weights(p, tables) is not None for p in blocks):
+            k_caches, v_caches = (one._k.typed_list([getattr(c, kv) for c in caches])
+                                  for kv in ("k", "v"))
+            for i, p in enumerate(blocks):
+                h = one.batch_block(h, p, m.config, tables, bounds, k_caches, v_caches, i,
+                                    positions)
+            return h
+        kernels = _BatchKernels(self.kernels, bounds.tolist())
         layers = range(m.n_layers)  # static_layers reads cache.k[i]: here, every sequence's
         batch = SimpleNamespace(k=[[c.k[i] for c in caches] for i in layers],
                                 v=[[c.v[i] for c in caches] for i in layers])

@@ -5,8 +5,8 @@ Skippable: each computes what a few lines of NumPy compute, and is tested agains
 in tests/test_backend.py; model.py's block in tests/test_cpu_steps.py). They share one file
 because numba caches each compiled function on disk under the file that defines it: a loop
 calling a loop from another file would keep the old machine code of that one after the other
-file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call) calls the
-others.
+file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call) and
+`batch_front` (the same for a batch of sequences) call the others.
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ from types import SimpleNamespace
 import numpy as np
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
-_zero = _load = _fma = _store = None  # numba functions on 64 lanes (see _lanes_intrinsics)
-_tile = _product = _norm = _rope = _attend = None
+_zero = _load = _fma = _store = _dot = None  # numba functions on 64 lanes (see _lanes_intrinsics)
+_tile = _product = _norm = _rope = _attend = _heads = _mlp_in = None
 
 LANES = 64  # outputs per tile: a weight's tile is [D_in, 64], 4 vector registers of 16 floats
 
 
 def compiled() -> SimpleNamespace | None:
     """The compiled loops (None without numba): product(x, tiles, y), rms_norm, rope_store,
-    attention and block_front, each named below without its underscore. numba is imported on
+    attention, block_front and batch_front, each named below without its underscore, and
+    typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine."""
-    global _KERNELS, _zero, _load, _fma, _store, _tile, _product, _norm, _rope, _attend
+    global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
+    global _heads, _mlp_in
     if _KERNELS is None:
         try:
             import numba
@@ -35,11 +37,13 @@ def compiled() -> SimpleNamespace | None:
             _KERNELS = False
             return None
         jit = numba.njit(fastmath=True, cache=True)
-        _zero, _load, _fma, _store = _lanes_intrinsics(numba)
+        _zero, _load, _fma, _store, _dot = _lanes_intrinsics(numba)
         _tile, _product = jit(_tile_kernel), jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
+        _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _KERNELS = SimpleNamespace(product=_product, rms_norm=_norm, rope_store=_rope,
-                                   attention=_attend, block_front=jit(_block_front))
+                                   attention=_attend, block_front=jit(_block_front),
+                                   batch_front=jit(_batch_front), typed_list=numba.typed.List)
     return _KERNELS or None
 
 
@@ -114,7 +118,8 @@ def _lanes_intrinsics(numba):
     one, its bits as int16, converted half -> float: both exact); `_fma(s, w, u)` s + w * u
     for a float32 u, each lane one fused multiply-add (llvm.fma: one rounding); `_store(y, r,
     col, s)` y[r, col:col + 64] = s, the lanes past y's last column left out (a masked
-    store)."""
+    store); `_dot(a, b)` the float32 sum of a * b over the lanes, in a fixed tree (lane i plus
+    lane i + 32, then i + 16, ..., down to one)."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, models, register_model
@@ -196,7 +201,25 @@ def _lanes_intrinsics(numba):
 
         return types.void(y, r, col, s), codegen
 
-    return zero, load, fma, store
+    @intrinsic
+    def dot(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            x = builder.fmul(args[0], args[1])
+            n = LANES
+            while n > 1:  # a fixed tree: lanes i and i + n/2 added, n halved, down to one
+                n //= 2
+                half = ir.VectorType(f32, n)
+                lo, hi = (builder.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
+                                                 ir.Constant(ir.VectorType(i32, n),
+                                                             list(range(k, k + n))))
+                          for k in (0, n))
+                x = builder.fadd(lo, hi)
+                assert x.type == half
+            return builder.extract_element(x, i32(0))
+
+        return types.float32(a, b), codegen
+
+    return zero, load, fma, store, dot
 
 
 # ---- the pieces of a block -------------------------------------------------------------------
@@ -237,37 +260,53 @@ def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads,
     # row r, query head h (kv head h // G) attends to the slots j <= slots[r] it sees: with a
     # tree, of this call's slots (first..) only those whose bit is set in tree[r]; with a
     # sliding window, only j > positions[r] - window. Softmax over them, then the mean of values.
+    # A head of 64 numbers is one 64-lane value: a score is _dot's sum, the values' mean 64
+    # lanes of fused multiply-adds; another head size takes the loops of one number at a time.
     t, _, e = qkv.shape
     g = n_heads // k_cache.shape[0]
     first = slots[0]
     scores = np.empty(slots.max() + 1, np.float32)
     acc = np.empty(e, np.float32)
+    lanes = e == LANES
     for r in range(t):
         top = slots[r]
         lo = max(positions[r] - window + 1, 0) if window > 0 else 0
         for h in range(n_heads):
-            kv = h // g
-            best = -np.inf
+            keys, values = k_cache[h // g], v_cache[h // g]
+            q = _load(qkv[r], h) if lanes else _zero()
+            best = np.float32(-np.inf)
             for j in range(lo, top + 1):
                 if has_tree and j >= first and not (tree[r] >> (j - first)) & 1:
                     scores[j] = -np.inf
                     continue
-                s = np.float32(0)
-                for i in range(e):
-                    s += qkv[r, h, i] * k_cache[kv, j, i]
+                if lanes:
+                    s = _dot(q, _load(keys, j))
+                else:
+                    s = np.float32(0)
+                    for i in range(e):
+                        s += qkv[r, h, i] * keys[j, i]
                 scores[j] = s * scale
                 best = max(best, scores[j])
             total = np.float32(0)
             for j in range(lo, top + 1):
                 scores[j] = np.exp(scores[j] - best)
                 total += scores[j]
+            if lanes:
+                mean = _zero()
+                for j in range(lo, top + 1):
+                    if scores[j] != 0:
+                        mean = _fma(mean, _load(values, j), scores[j])
+                _store(out, r, h * e, mean)
+                for i in range(e):
+                    out[r, h * e + i] /= total
+                continue
             for i in range(e):
                 acc[i] = 0
             for j in range(lo, top + 1):
                 p = scores[j]
                 if p != 0:
                     for i in range(e):
-                        acc[i] += p * v_cache[kv, j, i]
+                        acc[i] += p * values[j, i]
             for i in range(e):
                 out[r, h * e + i] = acc[i] / total
 
@@ -279,21 +318,53 @@ def _block_front(x, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, eps, cos
     # as the MLP's SiLU: the loops above one after the other, in one call -> h = x + attn [T, D]
     # and the MLP's two products of norm(h), gate and up [T, F] (f = F). The weights are the
     # tiles the product reads.
-    t, d = x.shape
-    e = 2 * cos.shape[1]
+    qkv = _heads(x, attn_norm_w, wqkv, eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
+    att = np.empty((x.shape[0], n_heads * qkv.shape[2]), np.float32)
+    _rope(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads, n_kv)
+    _attend(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale, window, att)
+    return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
+
+
+def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, eps, cos, sin,
+                 k_caches, v_caches, layer, positions, n_heads, n_kv, scale,
+                 window):  # pragma: no cover - runs compiled
+    # _block_front for B sequences' rows laid end to end (rows bounds[b]..bounds[b+1] - 1 are
+    # sequence b's, at positions[row]): norms and products over every row at once, RoPE with
+    # the cache write and attention sequence by sequence, each on layer `layer` of its own
+    # caches, k_caches[b] and v_caches[b] [L, K, S_max, E] (numba lists). Each row's arithmetic
+    # is the one-sequence call's, in the same order: the same bits.
+    qkv = _heads(x, attn_norm_w, wqkv, eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
+    att = np.empty((x.shape[0], n_heads * qkv.shape[2]), np.float32)
+    no_tree = np.zeros(0, np.uint32)
+    for b in range(bounds.shape[0] - 1):
+        lo, hi = bounds[b], bounds[b + 1]
+        k_cache, v_cache = k_caches[b][layer], v_caches[b][layer]
+        rows, at = qkv[lo:hi], positions[lo:hi]
+        _rope(rows, cos, sin, k_cache, v_cache, at, at, n_heads, n_kv)
+        _attend(rows, k_cache, v_cache, at, at, no_tree, False, n_heads, scale, window,
+                att[lo:hi])
+    return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
+
+
+def _heads_kernel(x, attn_norm_w, wqkv, eps, heads, e):  # pragma: no cover - runs compiled
+    # a block's start: norm(x) [T, D] times wqkv -> the heads [T, H + 2K, E] (heads = H + 2K)
     xn = np.empty_like(x)
     _norm(x, attn_norm_w, eps, xn)
-    qkv = np.empty((t, (n_heads + 2 * n_kv) * e), np.float32)
+    qkv = np.empty((x.shape[0], heads * e), np.float32)
     _product(xn, wqkv, qkv)
-    qkv = qkv.reshape((t, n_heads + 2 * n_kv, e))
-    _rope(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads, n_kv)
-    att = np.empty((t, n_heads * e), np.float32)
-    _attend(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale, window, att)
+    return qkv.reshape((x.shape[0], heads, e))
+
+
+def _mlp_in_kernel(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps):  # pragma: no cover - compiled
+    # after attention: h = x + att [T, H*E] times wo, then the MLP's gate and up products of
+    # norm(h) -> h, gate, up
+    t, d = x.shape
     h = np.empty((t, d), np.float32)
     _product(att, wo, h)
     for r in range(t):
         for i in range(d):
             h[r, i] += x[r, i]  # x + attn
+    xn = np.empty_like(x)
     _norm(h, mlp_norm_w, eps, xn)
     gate = np.empty((t, f), np.float32)
     up = np.empty((t, f), np.float32)
