@@ -17,19 +17,22 @@ import numpy as np
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
 _zero = _load = _fma = _store = _dot = None  # numba functions on 64 lanes (see _lanes_intrinsics)
-_tile = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+_zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
+_tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+_NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
 
 LANES = 64  # outputs per tile: a weight's tile is [D_in, 64], 4 vector registers of 16 floats
 
 
 def compiled() -> SimpleNamespace | None:
-    """The compiled loops (None without numba): product(x, tiles, y), rms_norm, rope_store,
+    """The compiled loops (None without numba): product(x, tiles, y) (and product_rows(x, tiles,
+    y, narrow_from), the same with the narrow pass from that many rows on), rms_norm, rope_store,
     attention, block_front and batch_front, each named below without its underscore, and
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
-    global _heads, _mlp_in
+    global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     if _KERNELS is None:
         try:
             import numba
@@ -38,10 +41,14 @@ def compiled() -> SimpleNamespace | None:
             return None
         jit = numba.njit(fastmath=True, cache=True)
         _zero, _load, _fma, _store, _dot = _lanes_intrinsics(numba)
-        _tile, _product = jit(_tile_kernel), jit(_product_kernel)
+        _zero16, _load16, _fma16, _store16, _ = _lanes_intrinsics(numba, 16)
+        _NARROW_FROM = _narrow_from(numba)  # read once, when _product_kernel compiles
+        _tile, _tile16, _rows = jit(_tile_kernel), jit(_tile16_kernel), jit(_rows_kernel)
+        _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
-        _KERNELS = SimpleNamespace(product=_product, rms_norm=_norm, rope_store=_rope,
+        _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
+                                   narrow_from=_NARROW_FROM, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List)
     return _KERNELS or None
@@ -76,10 +83,19 @@ def tiles(wt: np.ndarray) -> np.ndarray:
 
 def _product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
     # y [T, D_out] = x [T, D_in] float32 times the weight whose `tiles` [N, D_in, 64] these are
+    _rows(x, tiles, y, _NARROW_FROM)
+
+
+def _rows_kernel(x, tiles, y, narrow_from):  # pragma: no cover - runs compiled
+    # the same, a pass of n rows taking the narrow tile when n >= narrow_from
     t = x.shape[0]
     for k in range(tiles.shape[0]):
         for r in range(0, t, 6):
-            _tile(x, tiles[k], y, r, min(6, t - r), k * 64)
+            n = min(6, t - r)
+            if n >= narrow_from:
+                _tile16(x, tiles[k], y, r, n, k * 64)
+            else:
+                _tile(x, tiles[k], y, r, n, k * 64)
 
 
 def _tile_kernel(x, tile, y, r, n, col):  # pragma: no cover - runs compiled
@@ -111,7 +127,53 @@ def _tile_kernel(x, tile, y, r, n, col):  # pragma: no cover - runs compiled
         _store(y, r + 5, col, s5)
 
 
-def _lanes_intrinsics(numba):
+def _tile16_kernel(x, tile, y, r, n, col):  # pragma: no cover - runs compiled
+    # _tile_kernel 16 outputs at a time: 2 registers of sums a row where AVX2 has 16 registers
+    # of 8 floats (6 rows of 64 sums would spill to memory), each lane the same chain of FMAs
+    for c in range(0, LANES, 16):
+        s0 = s1 = s2 = s3 = s4 = s5 = _zero16()
+        for i in range(tile.shape[0]):
+            w = _load16(tile, i, c)  # weights c..c + 15 of the tile's row i
+            s0 = _fma16(s0, w, x[r, i])
+            if n > 1:
+                s1 = _fma16(s1, w, x[r + 1, i])
+            if n > 2:
+                s2 = _fma16(s2, w, x[r + 2, i])
+            if n > 3:
+                s3 = _fma16(s3, w, x[r + 3, i])
+            if n > 4:
+                s4 = _fma16(s4, w, x[r + 4, i])
+            if n > 5:
+                s5 = _fma16(s5, w, x[r + 5, i])
+        _store16(y, r, col + c, s0)
+        if n > 1:
+            _store16(y, r + 1, col + c, s1)
+        if n > 2:
+            _store16(y, r + 2, col + c, s2)
+        if n > 3:
+            _store16(y, r + 3, col + c, s3)
+        if n > 4:
+            _store16(y, r + 4, col + c, s4)
+        if n > 5:
+            _store16(y, r + 5, col + c, s5)
+
+
+def _narrow_from(numba) -> int:
+    """The rows from which a pass takes the narrow tile: 4 where the machine code has no
+    AVX-512 (AVX2's 16 registers of 8 floats: 4..6 rows of 64 sums spill there; on an AVX2
+    EPYC, SmolLM2's matrices of 12 layers from memory, float32, 4 rows took 24.2 ms in the
+    wide pass and 19.7 in the narrow, 5 rows 29.9 and 26.5, 3 rows 16.1 and 18.8: weights/
+    README.md), else 7 (never: AVX-512's 32 registers of 16 hold 6 rows of 64 sums)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    features = config.CPU_FEATURES  # what numba compiles for: NUMBA_CPU_FEATURES, else the host's
+    if features is None:
+        features = binding.get_host_cpu_features().flatten()
+    return 7 if "+avx512f" in features.split(",") else 4
+
+
+def _lanes_intrinsics(numba, width=LANES):
     """numba functions on a value of 64 float32 lanes (an LLVM <64 x float>, which LLVM keeps in
     4 vector registers): `_zero()`; `_load(tile, i)` the 64 weights tile[i, :] as float32 (a
     BF16 weight, uint16, zero-extended and shifted into the high half of a float32; an F16
@@ -119,17 +181,19 @@ def _lanes_intrinsics(numba):
     for a float32 u, each lane one fused multiply-add (llvm.fma: one rounding); `_store(y, r,
     col, s)` y[r, col:col + 64] = s, the lanes past y's last column left out (a masked
     store); `_dot(a, b)` the float32 sum of a * b over the lanes, in a fixed tree (lane i plus
-    lane i + 32, then i + 16, ..., down to one)."""
+    lane i + 32, then i + 16, ..., down to one). With width 16, the same on 16 lanes (`_zero16`
+    and so on), whose load takes the first column too: `_load16(tile, i, c)` is tile[i, c:c +
+    16]."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, models, register_model
 
     f32, i32 = ir.FloatType(), ir.IntType(32)
-    vec = ir.VectorType(f32, LANES)
+    vec = ir.VectorType(f32, width)
 
     class Lanes(types.Type):
         def __init__(self):
-            super().__init__(name=f"float32x{LANES}")
+            super().__init__(name=f"float32x{width}")
 
     lanes = Lanes()
 
@@ -145,36 +209,44 @@ def _lanes_intrinsics(numba):
 
     @intrinsic
     def zero(typingctx):
-        return lanes(), lambda context, builder, sig, args: ir.Constant(vec, [0.0] * LANES)
+        return lanes(), lambda context, builder, sig, args: ir.Constant(vec, [0.0] * width)
+
+    def load_codegen(context, builder, sig, args):  # load(tile, i) and load_at(tile, i, c)
+        tile = sig.args[0]
+        column = args[2] if len(args) > 2 else ir.Constant(ir.IntType(64), 0)
+        index = [args[1], column]
+        if tile.dtype == types.float32:
+            return builder.load(pointer(context, builder, sig.args[0], args[0], index, vec),
+                                align=4)  # a float's alignment, not the vector's
+        bits = ir.VectorType(ir.IntType(16), width)
+        raw = builder.load(pointer(context, builder, sig.args[0], args[0], index, bits),
+                           align=2)
+        if tile.dtype == types.int16:  # float16's bits
+            return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), width)),
+                                 vec)
+        wide = builder.zext(raw, ir.VectorType(i32, width))  # bfloat16's bits
+        return builder.bitcast(builder.shl(wide, ir.Constant(wide.type, [16] * width)), vec)
 
     @intrinsic
     def load(typingctx, tile, i):
-        def codegen(context, builder, sig, args):
-            index = [args[1], ir.Constant(ir.IntType(64), 0)]
-            if tile.dtype == types.float32:
-                return builder.load(pointer(context, builder, sig.args[0], args[0], index, vec),
-                                    align=4)  # a float's alignment, not the vector's
-            bits = ir.VectorType(ir.IntType(16), LANES)
-            raw = builder.load(pointer(context, builder, sig.args[0], args[0], index, bits),
-                               align=2)
-            if tile.dtype == types.int16:  # float16's bits
-                return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)),
-                                     vec)
-            wide = builder.zext(raw, ir.VectorType(i32, LANES))  # bfloat16's bits
-            return builder.bitcast(builder.shl(wide, ir.Constant(wide.type, [16] * LANES)), vec)
-
         if tile.dtype not in (types.float32, types.uint16, types.int16):
             return None
-        return lanes(tile, i), codegen
+        return lanes(tile, i), load_codegen
+
+    @intrinsic
+    def load_at(typingctx, tile, i, c):
+        if tile.dtype not in (types.float32, types.uint16, types.int16):
+            return None
+        return lanes(tile, i, c), load_codegen
 
     @intrinsic
     def fma(typingctx, s, w, u):
         def codegen(context, builder, sig, args):
             one = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], i32(0))
             every = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                           ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+                                           ir.Constant(ir.VectorType(i32, width), [0] * width))
             fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{LANES}f32")
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{width}f32")
             return builder.call(fn, [args[1], every, args[0]])  # w * u + s, rounded once
 
         return lanes(s, w, u), codegen
@@ -186,16 +258,16 @@ def _lanes_intrinsics(numba):
             ary = context.make_array(sig.args[0])(context, builder, args[0])
             cols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
             left = builder.trunc(builder.sub(cols, args[2]), i32)  # columns from col on
-            lane = ir.Constant(ir.VectorType(i32, LANES), list(range(LANES)))
+            lane = ir.Constant(ir.VectorType(i32, width), list(range(width)))
             splat = builder.shuffle_vector(
                 builder.insert_element(ir.Constant(lane.type, ir.Undefined), left, i32(0)),
-                ir.Constant(lane.type, ir.Undefined), ir.Constant(lane.type, [0] * LANES))
+                ir.Constant(lane.type, ir.Undefined), ir.Constant(lane.type, [0] * width))
             mask = builder.icmp_signed("<", lane, splat)
             fn = cgutils.get_or_insert_function(
                 builder.module,
                 ir.FunctionType(ir.VoidType(), [vec, ptr.type, i32, mask.type]),
-                f"llvm.masked.store.v{LANES}f32." + (
-                    "p0" if getattr(ptr.type, "is_opaque", False) else f"p0v{LANES}f32"))
+                f"llvm.masked.store.v{width}f32." + (
+                    "p0" if getattr(ptr.type, "is_opaque", False) else f"p0v{width}f32"))
             builder.call(fn, [args[3], ptr, i32(4), mask])
             return context.get_dummy_value()
 
@@ -205,7 +277,7 @@ def _lanes_intrinsics(numba):
     def dot(typingctx, a, b):
         def codegen(context, builder, sig, args):
             x = builder.fmul(args[0], args[1])
-            n = LANES
+            n = width
             while n > 1:  # a fixed tree: lanes i and i + n/2 added, n halved, down to one
                 n //= 2
                 half = ir.VectorType(f32, n)
@@ -219,7 +291,7 @@ def _lanes_intrinsics(numba):
 
         return types.float32(a, b), codegen
 
-    return zero, load, fma, store, dot
+    return zero, load if width == LANES else load_at, fma, store, dot
 
 
 # ---- the pieces of a block -------------------------------------------------------------------

@@ -128,6 +128,29 @@ def test_a_row_does_not_depend_on_the_rows_beside_it(name, stored):
 
 
 @needs_numba
+@pytest.mark.parametrize("stored", [None, as_bf16, as_f16])
+def test_the_narrow_pass_gives_the_wide_passs_bits(stored):
+    # a pass of 16 lanes (the machine's choice from kernels.narrow_from rows on, where AVX2
+    # would spill 64 lanes' sums) sums each output in the same order: the same bits, on any
+    # machine, for every row count and every shape
+    from minispec.kernels import compiled
+
+    loops = compiled()
+    assert loops.narrow_from in (4, 7)
+    for name in SHAPES:
+        w = weight(*SHAPES[name])
+        tiles = kernel_weight(w if stored is None else stored(w))
+        x = RNG.standard_normal((13, w.shape[0]), dtype=np.float32)
+        for t in range(1, 14):
+            wide, narrow = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in range(2))
+            loops.product_rows(x[:t], tiles, wide, 7)  # 64 lanes in every pass
+            loops.product_rows(x[:t], tiles, narrow, 1)  # 16 lanes in every pass
+            np.testing.assert_array_equal(narrow, wide)
+            np.testing.assert_array_equal(matmul(x[:t], w if stored is None else stored(w)),
+                                          wide)
+
+
+@needs_numba
 def test_the_big_lm_head_with_a_few_rows():
     w = weight(*SMOLLM2_HEAD)
     x = RNG.standard_normal((5, w.shape[0]), dtype=np.float32)
