@@ -139,15 +139,15 @@ def test_the_narrow_pass_gives_the_wide_passs_bits(stored):
     assert loops.narrow_from in (4, 7)
     for name in SHAPES:
         w = weight(*SHAPES[name])
-        tiles = kernel_weight(w if stored is None else stored(w))
+        w = w if stored is None else stored(w)
+        tiles = kernel_weight(w)
         x = RNG.standard_normal((13, w.shape[0]), dtype=np.float32)
         for t in range(1, 14):
             wide, narrow = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in range(2))
             loops.product_rows(x[:t], tiles, wide, 7)  # 64 lanes in every pass
             loops.product_rows(x[:t], tiles, narrow, 1)  # 16 lanes in every pass
             np.testing.assert_array_equal(narrow, wide)
-            np.testing.assert_array_equal(matmul(x[:t], w if stored is None else stored(w)),
-                                          wide)
+            np.testing.assert_array_equal(matmul(x[:t], w), wide)
 
 
 @needs_numba
