@@ -143,10 +143,12 @@ def test_the_narrow_pass_gives_the_wide_passs_bits(stored):
         tiles = kernel_weight(w)
         x = RNG.standard_normal((13, w.shape[0]), dtype=np.float32)
         for t in range(1, 14):
-            wide, narrow = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in range(2))
+            wide, narrow, mixed = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in "abc")
             loops.product_rows(x[:t], tiles, wide, 7)  # 64 lanes in every pass
             loops.product_rows(x[:t], tiles, narrow, 1)  # 16 lanes in every pass
+            loops.product_rows(x[:t], tiles, mixed, 4)  # AVX2's: row 0 wide, then 16 lanes
             np.testing.assert_array_equal(narrow, wide)
+            np.testing.assert_array_equal(mixed, wide)
             np.testing.assert_array_equal(matmul(x[:t], w), wide)
 
 
