@@ -89,15 +89,14 @@ def _product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
 def _rows_kernel(x, tiles, y, narrow_from):  # pragma: no cover - runs compiled
     # the same, a pass of n rows taking the narrow tile when n >= narrow_from; the first pass over
     # a tile then sends its first row through the wide tile alone, which reads the tile from
-    # memory in order, and the narrow tile's four sweeps find it in the L2 cache (narrow_from 1:
-    # every row narrow)
+    # memory in order, and the narrow tile's four sweeps find it in the L2 cache
     t = x.shape[0]
     for k in range(tiles.shape[0]):
         for r in range(0, t, 6):
             n = min(6, t - r)
             if n < narrow_from:
                 _tile(x, tiles[k], y, r, n, k * 64)
-            elif r == 0 and narrow_from > 1:
+            elif r == 0:
                 _tile(x, tiles[k], y, 0, 1, k * 64)
                 _tile16(x, tiles[k], y, 1, n - 1, k * 64)
             else:

@@ -145,7 +145,7 @@ def test_the_narrow_pass_gives_the_wide_passs_bits(stored):
         for t in range(1, 14):
             wide, narrow, mixed = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in "abc")
             loops.product_rows(x[:t], tiles, wide, 7)  # 64 lanes in every pass
-            loops.product_rows(x[:t], tiles, narrow, 1)  # 16 lanes in every pass
+            loops.product_rows(x[:t], tiles, narrow, 2)  # 16 lanes for 1..6 rows, over 1..13
             loops.product_rows(x[:t], tiles, mixed, 4)  # AVX2's: row 0 wide, then 16 lanes
             np.testing.assert_array_equal(narrow, wide)
             np.testing.assert_array_equal(mixed, wide)
