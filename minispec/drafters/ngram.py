@@ -77,9 +77,18 @@ def find_ngrams(context: np.ndarray, max_n: int, min_n: int = 1) -> np.ndarray:
     occurrence of the last n tokens of `context`, for the largest n in min_n..max_n that has
     one (int array; empty if none)."""
     s = len(context)
-    for n in range(min(max_n, s - 1), max(min_n, 1) - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [S-n, n]
-        hits = np.flatnonzero((windows == context[-n:]).all(axis=1))  # starts of the matches
-        if hits.size:
-            return hits + n
-    return np.zeros(0, dtype=np.int64)
+    found = np.zeros(0, dtype=np.int64)
+    if min(max_n, s - 1) < 1:
+        return found
+    # ends: the last index of each earlier occurrence of the last n tokens, for n = 1, 2, ...
+    # in turn; an occurrence of n + 1 tokens is one of n that also matches one token further back
+    ends = np.flatnonzero(context[:-1] == context[-1])
+    for n in range(1, min(max_n, s - 1) + 1):
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[context[ends - (n - 1)] == context[s - n]]
+        if ends.size == 0:
+            break
+        if n >= min_n:
+            found = ends + 1
+    return found
