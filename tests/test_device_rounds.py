@@ -70,7 +70,7 @@ def test_sampled_device_rounds_emits_the_targets_law(kind, cfg):
     law = exact_joint(target, prompt, cfg)
     sampling = Sampling(cfg.temperature, cfg.top_k, cfg.top_p)
 
-    def samples(n=900):
+    def samples(n=600):
         return [tuple(rounds.generate(prompt, sampling, Request(cfg.L, seed=s)).tokens)
                 for s in range(n)]
 
@@ -81,7 +81,7 @@ def test_sampled_device_rounds_emits_the_targets_law(kind, cfg):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dr, "verify_rows", lambda xp, p, q, d, ua, ut: keep_all(
             xp, p, q, d, ua * 0.0, ut))
-        bad = joint_row("G", kind, law, samples(400)).fit
+        bad = joint_row("G", kind, law, samples(300)).fit
     assert bad.pvalue < 1e-6, bad
 
 

@@ -328,7 +328,7 @@ def test_sampled_output_has_the_target_distribution(name, warping):
     # the exact distribution of the next two tokens, by enumeration with the target alone
     p1 = warp(target.logits(prompt)[-1], **warping)
     joint = np.stack([p1[a] * warp(target.logits(prompt + [a])[-1], **warping) for a in range(8)])
-    n = 1500
+    n = 1000
     counts = np.zeros((8, 8))
     accepted = drafted = 0
     for seed in range(n):

@@ -23,7 +23,7 @@ def test_a_drafter_on_a_model_passes_and_the_controls_are_rejected(tmp_path):
     models = tiny_models()
     save_checkpoint(models["target"], tmp_path / "tiny")
     rows, controls = judge_drafter_on_model(lambda t, d: ModelDrafter(t, models["near"]),
-                                            "model", 800, 0, str(tmp_path / "tiny"))
+                                            "model", 400, 0, str(tmp_path / "tiny"))
     assert [r.config for r in rows] == [f"{MODEL.name}, model on tiny",
                                         "T=0 g=3 L=4, model on tiny"]
     assert all(r.fit.pvalue > 1e-3 for r in rows), [r.fit for r in rows]
@@ -37,7 +37,7 @@ def test_a_tree_drafter_on_a_model_gets_a_tree_control_that_is_rejected(tmp_path
     models = tiny_models()
     save_checkpoint(models["target"], tmp_path / "tiny")
     rows, controls = judge_drafter_on_model(
-        lambda t, d: TreeModelDrafter(t, models["near"], (2, 2, 1)), "model-tree", 800, 0,
+        lambda t, d: TreeModelDrafter(t, models["near"], (2, 2, 1)), "model-tree", 500, 0,
         str(tmp_path / "tiny"))
     assert all(r.fit.pvalue > 1e-3 for r in rows), [r.fit for r in rows]
     assert [c.control for c in controls] == [TREE_BUG]

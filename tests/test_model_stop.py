@@ -127,14 +127,14 @@ class CutAfterTheDraw(ModelDrafter):
 
 
 def test_sampling_with_a_stop_and_a_cut_follows_the_target():
-    # the exact law of the next 4 tokens (top-2 at T = 1) against 2,000 generations
+    # the exact law of the next 4 tokens (top-2 at T = 1) against 800 generations
     drafter = make_drafter("model", TARGET, draft_model=DRAFT, stop=0.5, draft_vocab=CUT)
-    row = sample_joint(TARGET, drafter, 2000, top_k=2, L=4)[0]
+    row = sample_joint(TARGET, drafter, 800, top_k=2, L=4)[0]
     assert row.fit.pvalue > 1e-4, row.fit
 
 
 def test_the_same_test_rejects_a_chain_cut_after_the_draw():
-    row = sample_joint(TARGET, CutAfterTheDraw(0.6), 2000, top_k=2, L=4)[0]  # the same budget
+    row = sample_joint(TARGET, CutAfterTheDraw(0.6), 800, top_k=2, L=4)[0]  # the same budget
     assert row.fit.pvalue < 1e-6, row.fit
 
 

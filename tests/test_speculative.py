@@ -347,7 +347,7 @@ def test_sampled_output_has_the_target_distribution(warping):
     # the exact distribution of the next two tokens, by enumeration with the target alone
     p1 = warp(target.logits(prompt)[-1], **warping)
     joint = np.stack([p1[a] * warp(target.logits(prompt + [a])[-1], **warping) for a in range(8)])
-    n = 2000
+    n = 1000
     counts = np.zeros((8, 8))
     accepted = drafted = 0
     for seed in range(n):  # gamma 2 drafts, then a round of 1 draft if the first emitted 1 token
