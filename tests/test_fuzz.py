@@ -134,6 +134,8 @@ def _config_with(field: str, value) -> dict:
 @example(field="llama3.factor", value=1.1125369292536007e-308)  # finite frequencies, whose
 # angles overflow from position 2: once NaN logits, found by this test
 @example(field="rms_norm_eps", value=1e300)  # inf in the float32 norm: every hidden state 0
+@example(field="llama3.factor", value=5e-324)  # refused, once with NumPy's overflow warnings
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # a refusal says it in its own words
 def test_config_float_fields_are_a_float_or_refused_naming_file_and_field(field, value):
     from minispec.config import ModelConfig
     from minispec.loader import random_model

@@ -81,14 +81,14 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     e = config.head_dim
     inv = 1.0 / config.rope_theta ** (np.arange(0, e, 2, dtype=np.float64) / e)  # [E/2]
     rs = config.rope_scaling or {"rope_type": "default"}
-    if rs["rope_type"] == "linear":
-        inv = inv / rs["factor"]
-    elif rs["rope_type"] == "llama3":
-        inv = llama3_inv_freq(inv, rs)
-    elif rs["rope_type"] == "yarn":
-        inv = yarn_inv_freq(inv, rs, config.rope_theta)
-    last = max(config.max_position_embeddings - 1, 1)  # cos(inf) is NaN: every logit would be
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # refused below instead
+        if rs["rope_type"] == "linear":
+            inv = inv / rs["factor"]
+        elif rs["rope_type"] == "llama3":
+            inv = llama3_inv_freq(inv, rs)
+        elif rs["rope_type"] == "yarn":
+            inv = yarn_inv_freq(inv, rs, config.rope_theta)
+        last = max(config.max_position_embeddings - 1, 1)  # cos(inf) is NaN: every logit would be
         angles_fit = np.isfinite(inv * last).all()  # inf and NaN frequencies stay so, too
     if not angles_fit:
         raise MinispecError(f"ModelConfig.rope_theta {config.rope_theta} with rope_scaling "
