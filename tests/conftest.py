@@ -37,11 +37,23 @@ SLOW_NAMES = ("has_the_target_distribution", "transformers", "shipped", "too_man
               "emits_the_targets_law", "no_import_cycle")
 
 
+# The longest files, run first (in this order, the rest after them as collected): pytest-xdist
+# hands each of its workers a file at a time, so with the long ones taken early the two workers
+# finish close together (a long file last would keep one busy alone). Order only: no test
+# depends on it.
+LONGEST_FIRST = ("test_verify_distribution", "test_real", "test_eagle_copy", "test_examples",
+                 "test_eagle_stop", "test_device_rounds", "test_convert", "test_drafters",
+                 "test_fuzz", "test_speculative")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if (item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES
                 or any(part in item.name for part in SLOW_NAMES)):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1],
+                                         len(LONGEST_FIRST)))  # stable: the rest as collected
 
 
 def lookup_by_search(text, min_n, max_n=3):
