@@ -294,6 +294,7 @@ def test_tune_counts_every_candidate_and_checks_its_greedy_output():
         assert r["identical"] is True and 1.0 <= r["tokens_per_target_call"] <= 9.0
         assert r["predicted_speedup"] > 0
     assert set(out["costs"]) >= {1, 2} and out["overhead_s"] >= 0
+    assert out["overhead_s"] == max(out["overhead_measured_s"], 0.0)  # the clamp, and its input
     drafter, gamma = make_candidate("auto:lookup=3,shortest=2,gamma=16", shipped)
     assert (drafter.min_n, drafter.shortest, gamma) == (3, 2, 16)
     for bad, msg in (("auto:lookup=x", "is no key=number"), ("ngram:nope=1", "unexpected"),
