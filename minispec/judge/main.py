@@ -62,9 +62,10 @@ What each part tests:
   D  with --drafter: a drafter of your own inside minispec's generate and generate_batch"""
 
 EPILOG = """\
-How long, on 2 CPU cores: --quick about 25 s (the test suite runs it); the full run about
-3 minutes; --generator or --drafter with --quick about 5 s for minispec's own pipeline or
-drafter (an outside one takes as long as its generate calls), without --quick 10 to 15 s.
+How long, on 2 CPU cores of an AVX-512 machine (about 1.5x that on an AVX2 one: --quick took
+34-40 s there): --quick about 25 s (the test suite runs it); the full run about 3 minutes;
+--generator or --drafter with --quick about 5 s for minispec's own pipeline or drafter (an
+outside one takes as long as its generate calls), without --quick 10 to 15 s.
 
 PASS means: every true test passes after Holm's correction over all of them (family alpha
 0.01: a correct sampler fails a run about 1 time in 100), and every control is rejected at
