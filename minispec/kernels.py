@@ -96,9 +96,10 @@ def _rows_kernel(x, tiles, y, narrow_from):  # pragma: no cover - runs compiled
             n = min(6, t - r)
             if n < narrow_from:
                 _tile(x, tiles[k], y, r, n, k * 64)
-            elif r == 0:
-                _tile(x, tiles[k], y, 0, 1, k * 64)
-                _tile16(x, tiles[k], y, 1, n - 1, k * 64)
+            elif r == 0:  # r, r + 1, min(n, 1): 0, 1, 1 as numba's ints, not constants (a
+                # constant argument would have numba compile the tile once more, for it alone)
+                _tile(x, tiles[k], y, r, min(n, 1), k * 64)
+                _tile16(x, tiles[k], y, r + 1, n - 1, k * 64)
             else:
                 _tile16(x, tiles[k], y, r, n, k * 64)
 
