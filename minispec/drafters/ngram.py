@@ -76,14 +76,14 @@ def find_ngrams(context: np.ndarray, max_n: int, min_n: int = 1) -> np.ndarray:
     """Every place find_ngram could copy from, oldest first: the indices just past each earlier
     occurrence of the last n tokens of `context`, for the largest n in min_n..max_n that has
     one (int array; empty if none)."""
-    s = len(context)
+    s, top = len(context), min(max_n, len(context) - 1)  # the longest suffix to look up
     found = np.zeros(0, dtype=np.int64)
-    if min(max_n, s - 1) < 1:
+    if top < 1:
         return found
     # ends: the last index of each earlier occurrence of the last n tokens, for n = 1, 2, ...
     # in turn; an occurrence of n + 1 tokens is one of n that also matches one token further back
     ends = np.flatnonzero(context[:-1] == context[-1])
-    for n in range(1, min(max_n, s - 1) + 1):
+    for n in range(1, top + 1):
         if n > 1:
             ends = ends[ends >= n - 1]
             ends = ends[context[ends - (n - 1)] == context[s - n]]
