@@ -414,12 +414,13 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
     qkv = _heads(x, attn_norm_w, wqkv, eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
     att = np.empty((x.shape[0], n_heads * qkv.shape[2]), np.float32)
     no_tree = np.zeros(0, np.uint32)
+    has_tree = no_tree.shape[0] > 0  # False, as a value: a literal False compiles _attend again
     for b in range(bounds.shape[0] - 1):
         lo, hi = bounds[b], bounds[b + 1]
         k_cache, v_cache = k_caches[b][layer], v_caches[b][layer]
         rows, at = qkv[lo:hi], positions[lo:hi]
         _rope(rows, cos, sin, k_cache, v_cache, at, at, n_heads, n_kv)
-        _attend(rows, k_cache, v_cache, at, at, no_tree, False, n_heads, scale, window,
+        _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
                 att[lo:hi])
     return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
 
