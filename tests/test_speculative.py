@@ -324,6 +324,21 @@ def test_different_tokenizers_are_refused():
         speculative_generate(target, draft, [1, 2], max_new_tokens=5, **GREEDY)
 
 
+def test_a_token_added_after_a_first_check_is_seen_by_the_next():
+    # the token -> id maps are read once per tokenizer (check_vocabularies): one that grows is
+    # read again, so a draft whose tokenizer gained a token the target lacks is refused
+    target, draft = tiny(seed=0, vocab_size=33), tiny(seed=1, vocab_size=33)
+    target.tokenizer, draft.tokenizer = word_tokenizer(WORDS), word_tokenizer(WORDS)
+    sd = speculative_generate(target, draft, [1, 2], gamma=3, max_new_tokens=5, **GREEDY)
+    assert sd.tokens == autoregressive_generate(target, [1, 2], max_new_tokens=5, **GREEDY).tokens
+    draft.tokenizer.tok.add_tokens(["extra"])
+    with pytest.raises(MinispecError, match="different tokenizers"):
+        speculative_generate(target, draft, [1, 2], max_new_tokens=5, **GREEDY)
+    target.tokenizer.tok.add_tokens(["extra"])  # the same token, the same id 32: one vocabulary
+    sd = speculative_generate(target, draft, [1, 2], gamma=3, max_new_tokens=5, **GREEDY)
+    assert sd.tokens == autoregressive_generate(target, [1, 2], max_new_tokens=5, **GREEDY).tokens
+
+
 def test_larger_draft_vocabulary_is_refused():
     with pytest.raises(MinispecError, match="vocab_size"):
         speculative_generate(tiny(vocab_size=32), TARGET, [1, 2], max_new_tokens=5, **GREEDY)
