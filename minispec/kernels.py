@@ -328,9 +328,10 @@ def _rope_store(qkv, cos, sin, k_cache, v_cache, positions, slots, n_heads,
                 a, b = qkv[r, h, i], qkv[r, h, i + half]
                 qkv[r, h, i] = a * c - b * s
                 qkv[r, h, i + half] = b * c + a * s
-        for h in range(n_kv):
-            k_cache[h, slots[r]] = qkv[r, n_heads + h]
-            v_cache[h, slots[r]] = qkv[r, n_heads + n_kv + h]
+        for h in range(n_kv):  # element by element: a slice assignment compiles numba's
+            for i in range(e):  # broadcasting and its error messages (2 s on a first run)
+                k_cache[h, slots[r], i] = qkv[r, n_heads + h, i]
+                v_cache[h, slots[r], i] = qkv[r, n_heads + n_kv + h, i]
 
 
 def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, scale,
@@ -343,7 +344,10 @@ def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads,
     t, _, e = qkv.shape
     g = n_heads // k_cache.shape[0]
     first = slots[0]
-    scores = np.empty(slots.max() + 1, np.float32)
+    last = 0  # the last slot any row sees (a loop: slots.max() compiles 0.4 s more)
+    for r in range(t):
+        last = max(last, slots[r])
+    scores = np.empty(last + 1, np.float32)
     acc = np.empty(e, np.float32)
     lanes = e == LANES
     for r in range(t):
