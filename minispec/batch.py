@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .batch_forward import batch_head, batch_hidden
-from .core.drafter import Drafter, ModelDrafter, NoDrafter
+from .core.drafter import Draft, Drafter, ModelDrafter, NoDrafter
 from .core.model import KVCache, Model
 from .core.sampling import Sampling
 from .core.speculative import (
@@ -126,10 +126,14 @@ class BatchCosts:
     step of the batch; k = gamma + 1: a verify call), for some k (always 1 and the largest).
     draft[B]: one draft step of B sequences (0 for a drafter without a forward call). Between
     measured sizes and token counts, linear in B and in k.
+    rounds[B][gamma] (optional): one whole round of B sequences drafting gamma tokens each, as
+    BatchDecoder.step plays it (drafting, the target call, the heads, every sequence's warp
+    and verify, the bookkeeping); when measured, `t_round` is that, else the calls' sum.
     """
 
-    verify: dict[int, dict[int, float]]
-    draft: dict[int, float]
+    verify: dict[int, dict[int, float]] = field(default_factory=dict)
+    draft: dict[int, float] = field(default_factory=dict)
+    rounds: dict[int, dict[int, float]] | None = None
     # the interpolated costs asked for so far: the policy asks for the same few every round
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -146,9 +150,26 @@ class BatchCosts:
             self._memo[key] = _interpolate(self.draft, B)
         return self._memo[key]
 
+    def t_round(self, B: int, gamma: int) -> float:
+        """A round of B sequences at this gamma: as measured (`rounds`, linear in B between
+        the sizes timed), else Theorem 3.8's sum, gamma draft steps and one verify call."""
+        if self.rounds is None:
+            return gamma * self.t_draft(B) + self.t_verify(B, gamma + 1)
+        key = ("round", B, gamma)
+        if key not in self._memo:
+            self._memo[key] = _interpolate({b: row[gamma] for b, row in self.rounds.items()}, B)
+        return self._memo[key]
+
     @property
     def max_k(self) -> int:
         return min(max(row) for row in self.verify.values())
+
+    @property
+    def max_gamma(self) -> int:
+        """The most drafts a round the costs cover."""
+        if self.rounds is None:
+            return self.max_k - 1
+        return min(max(row) for row in self.rounds.values())
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:
@@ -167,11 +188,16 @@ class LoadAwareGamma:
     second for the batch's current size B, from measured costs and the acceptance seen so far.
 
     Theorem 3.8 of Leviathan et al. 2023, generalized to a batch: a round of B sequences with
-    gamma drafts each costs gamma draft steps of the batch and one verify call of B x (gamma + 1)
-    tokens, and yields B x E[tokens] new tokens, E = (1 - alpha^(gamma+1)) / (1 - alpha):
+    gamma drafts each costs gamma draft steps of the batch and one verify call of B x (gamma
+    + 1) tokens, and yields B x E[tokens] new tokens, E = (1 - alpha^(gamma+1)) / (1 - alpha):
 
-        rate(gamma) = B E(alpha, gamma) / (gamma t_draft(B) + t_verify(B, gamma + 1)),
-        rate(0)     = B / t_verify(B, 1)                          (speculation off).
+        rate(gamma) = B E(alpha, gamma) / t_round(B, gamma),
+        t_round(B, gamma) = gamma t_draft(B) + t_verify(B, gamma + 1)     (the theorem's),
+
+    and rate(0) = B / t_round(B, 0) is speculation off. `calibrate` times whole rounds as the
+    decoder plays them (BatchCosts.rounds): on a CPU a small model's round also pays for the
+    loop's own work (a warp and a draw per draft, each sequence's verify) and for weights gone
+    cold in the caches between the calls, which timing the calls alone leaves out.
 
     alpha is the per-token acceptance accepted / (accepted + rejections) of the rounds so far,
     started from a prior of `alpha0` worth `prior` tested drafts. The choice uses an optimistic
@@ -184,7 +210,7 @@ class LoadAwareGamma:
     def __init__(self, costs: BatchCosts, max_gamma: int = 8, alpha0: float = 0.7,
                  prior: float = 20.0) -> None:
         self.costs = costs
-        self.max_gamma = min(max_gamma, costs.max_k - 1)
+        self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted, self.tested = alpha0 * prior, prior
         self.gamma = 0
 
@@ -203,7 +229,7 @@ class LoadAwareGamma:
         c = self.costs
         alpha = self.alpha_optimistic if alpha is None else alpha
         tokens = B * expected_tokens_per_call(min(alpha, 1.0), gamma)
-        return tokens / (gamma * c.t_draft(B) + c.t_verify(B, gamma + 1))
+        return tokens / c.t_round(B, gamma)
 
     def choose(self, B: int) -> int:
         self.gamma = max(range(self.max_gamma + 1), key=lambda g: self.rate(g, B))
@@ -222,12 +248,24 @@ def batch_sizes_up_to(n: int) -> tuple[int, ...]:
 
 
 CALIBRATED_K = (1, 2, 3, 5)  # token counts timed besides max_k; others are interpolated
+TIMED_GAMMAS = (0, 1, 2, 4)  # the rounds' gammas timed besides max_gamma (time_rounds)
+# before timing a gamma's rounds, untimed rounds at that gamma for WARM_UP_S seconds (at most
+# WARM_UP_ROUNDS): on a shared CPU the rounds after other work run up to twice as slow as the
+# loop's steady ones (the shipped pair, batch 4: a plain round 3.0-4.0 ms in a run of plain
+# rounds, 5.8-6.8 ms right after a speculative one; batch 1, gamma 4: 6.0 -> 3.5 ms over ten)
+WARM_UP_S, WARM_UP_ROUNDS = 0.03, 8
+# then timed rounds: at least `repeats`, more while they add up to less than TIMED_S seconds (at
+# most TIMED_ROUNDS); their median is the gamma's cost
+TIMED_S, TIMED_ROUNDS = 0.02, 6
 
 
 def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | None = None,
               batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), max_k: int = 9,
-              context: int = 64, repeats: int = 2) -> BatchCosts:
-    """Time the batched calls `LoadAwareGamma` weighs, on caches of `context` positions.
+              context: int = 64, repeats: int = 2, drafter=None,
+              sampling: Sampling | None = None) -> BatchCosts:
+    """Time the batched calls `LoadAwareGamma` weighs, on caches of `context` positions; with a
+    `drafter` (a Drafter made for target, or a draft Model), its rounds too (`time_rounds`, at
+    `sampling`, greedy if None), which the policy then weighs instead of the calls' sum.
 
     draft: the model one draft step runs (its first draft_layers layers and the head, for the
     early-exit drafter: draft=target), or None for a drafter without a forward call.
@@ -289,7 +327,93 @@ def calibrate(target: Model, draft: Model | None = None, *, draft_layers: int | 
             verify[B][k] = max([verify[B][k], *smaller])
         if i:
             draft_s[B] = max(draft_s[B], draft_s[sizes[i - 1]])
-    return BatchCosts(verify, draft_s)
+    rounds = None
+    if drafter is not None:
+        rounds = time_rounds(target, drafter, sampling or Sampling(), batch_sizes=batch_sizes,
+                             max_gamma=max_k - 1, context=context, repeats=repeats)
+    return BatchCosts(verify, draft_s, rounds)
+
+
+def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequence[int],
+                max_gamma: int = 8, context: int = 64, repeats: int = 2
+                ) -> dict[int, dict[int, float]]:
+    """{B: {gamma: seconds}} for gamma 0..max_gamma: one round of B sequences drafting gamma
+    tokens each, as BatchDecoder.step plays it (what LoadAwareGamma weighs).
+
+    B copies of a `context`-token prompt are read in a first, untimed round; then for each
+    gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S: the loop's
+    steady state, where a policy that settles on a gamma runs), then timed rounds (`repeats`,
+    or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
+    the line through them by the median of the pairwise slopes (Theil-Sen: one slow round
+    moves it little); gamma 0, a round without drafting, stands apart. Sizes are then made
+    monotone as `calibrate`'s calls are: a larger batch never costs less.
+
+    The rounds are the loop's own: the drafter's steps with a warp and a draw per draft, the
+    target call, every sequence's verify, and the weights as warm as a round leaves them. A
+    drafter without a draft model (draft_step None: a lookup, heads) is timed as gamma free
+    drafts, as the calls' sum takes it: the synthetic prompt gives a lookup nothing to copy.
+    The sequences grow by at most gamma + 1 tokens a round; a short context times less.
+    """
+    drafter = as_drafter(target, drafter)
+    if draft_step(drafter) is None:
+        drafter = _FreeDrafts(target)
+    limit = target.config.max_position_embeddings
+
+    def gammas(most):
+        return sorted({g for g in TIMED_GAMMAS if g < most} | {most})
+
+    def grows(most):  # the new tokens a sequence may emit: the prompt's round emits 1
+        rounds = WARM_UP_ROUNDS + max(repeats, TIMED_ROUNDS)
+        return 1 + rounds * sum(g + 1 for g in gammas(most))
+
+    while max_gamma > 0 and grows(max_gamma) + 1 > limit:
+        max_gamma -= 1
+    new = grows(max_gamma)
+    prompt = (np.arange(max(1, min(context, limit - new))) % min(target.vocab_size, 256))
+    rounds = {}
+    for B in sorted(batch_sizes):
+        decoder = BatchDecoder(target, drafter, sampling, gamma=0)
+        for b in range(B):
+            decoder.add(prompt.tolist(), Request(new), np.random.default_rng([0, b]))
+        decoder.step()  # the prompt's round: a prefill, not a decode round
+        best = {}
+        for g in gammas(max_gamma):
+            for s in decoder.live:
+                s.policy.gamma = g
+            warm = time.perf_counter() + WARM_UP_S
+            for _ in range(WARM_UP_ROUNDS):  # untimed: the first rounds at a gamma run slower
+                decoder.step()
+                if time.perf_counter() > warm:
+                    break
+            times = []
+            while len(times) < repeats or (sum(times) < TIMED_S and len(times) < TIMED_ROUNDS):
+                t0 = time.perf_counter()
+                decoder.step()
+                times.append(time.perf_counter() - t0)
+            best[g] = float(np.median(times))
+        drafting = [(g, t) for g, t in best.items() if g]
+        slopes = [(t1 - t0) / (g1 - g0) for i, (g0, t0) in enumerate(drafting)
+                  for g1, t1 in drafting[i + 1:]]
+        b = max(float(np.median(slopes)), 0.0) if slopes else 0.0
+        a = float(np.median([t - b * g for g, t in drafting])) if drafting else 0.0
+        rounds[B] = {0: best[0], **{g: a + b * g for g in range(1, max_gamma + 1)}}
+    sizes = sorted(batch_sizes)
+    for small, B in zip(sizes, sizes[1:]):
+        rounds[B] = {g: max(t, rounds[small][g]) for g, t in rounds[B].items()}
+    return rounds
+
+
+class _FreeDrafts(Drafter):
+    """For timing a round of a drafter without a draft model: gamma drafts that cost nothing
+    (the context's last token repeated, one-hot q)."""
+
+    name = "free"
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        tokens = np.full(gamma, context[-1], dtype=np.int64)
+        q = np.zeros((gamma, self.vocab_size))
+        q[:, context[-1]] = 1.0
+        return Draft(tokens, q)
 
 
 # ---- the batch decoder ----------------------------------------------------------------------
@@ -322,9 +446,9 @@ class BatchDecoder:
     add() a sequence whenever; step() runs one round for every live sequence and returns the
     ones that finished, which leave the batch. gamma: an integer (0 = plain decoding),
     "auto" (Hugging Face's schedule, per sequence) or "load-aware" (one gamma per round for the
-    whole batch, `LoadAwareGamma`; costs: its BatchCosts, measured with `calibrate` if not
-    given, for batches of 1..max_batch sequences (default 32): each size timed adds to the
-    calibration). verify: the speculative step, as in speculative_generate.
+    whole batch, `LoadAwareGamma`; costs: its BatchCosts, if not given its own rounds timed
+    by `time_rounds` for batches of 1..max_batch sequences (default 32): each size timed adds
+    to the calibration). verify: the speculative step, as in speculative_generate.
     """
 
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=DEFAULT_GAMMA,
@@ -340,11 +464,10 @@ class BatchDecoder:
             raise MinispecError(f"max_batch: expected a positive integer or None, got "
                                 f"{max_batch!r:.40}")
         if isinstance(gamma, str) and gamma == "load-aware":
-            if costs is None:
-                # what one draft step runs, asked of the drafter: (model, layers) or None
-                model, layers = draft_step(self.drafter) or (None, None)
-                costs = calibrate(target, model, draft_layers=layers,
-                                  batch_sizes=batch_sizes_up_to(int(max_batch or 32)))
+            if costs is None:  # the rounds this decoder will play, timed
+                costs = BatchCosts(rounds=time_rounds(
+                    target, self.drafter, sampling,
+                    batch_sizes=batch_sizes_up_to(int(max_batch or 32))))
             self.load_aware = LoadAwareGamma(costs)
         else:
             gamma_policy(gamma, least=0)  # checked now, one policy per sequence at add()
@@ -417,10 +540,10 @@ def generate_batch(target: Model, drafter, prompts: Sequence, *, gamma=DEFAULT_G
 
     drafter: as speculative_generate's (a draft Model or a Drafter made for target), or None for
     plain decoding. gamma: an integer (0 = plain autoregressive decoding of the batch), "auto"
-    or "load-aware" (see BatchDecoder; costs: LoadAwareGamma's measurements, from `calibrate`
-    for batches of 1..len(prompts) when not given). Sequence i draws its random numbers from
-    default_rng([seed, i]) (fresh randomness for seed None); see the module docstring for what
-    that guarantees. The other arguments are speculative_generate's. A sequence's
+    or "load-aware" (see BatchDecoder; costs: LoadAwareGamma's measurements, its rounds timed
+    by `time_rounds` for batches of 1..len(prompts) when not given). Sequence i draws its
+    random numbers from default_rng([seed, i]) (fresh randomness for seed None); see the module
+    docstring for what that guarantees. The other arguments are speculative_generate's. A sequence's
     stats.total_seconds is its latency, its rounds' timings those of the batch's rounds.
     """
     sampling = Sampling(temperature, top_k, top_p)

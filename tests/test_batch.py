@@ -18,6 +18,7 @@ from minispec.batch import (
     batch_sizes_up_to,
     calibrate,
     generate_batch,
+    time_rounds,
 )
 from minispec.batch_forward import batch_head, batch_hidden
 from minispec.core.sampling import warp
@@ -230,6 +231,36 @@ def test_load_aware_generation_follows_its_choices_and_stays_exact():
         assert all(rd.gamma <= 4 for rd in r.stats.rounds)
 
 
+def test_load_aware_weighs_whole_rounds_where_they_were_timed():
+    # the calls' sum says speculation pays at batch 4 (rate 1.88 > 1.0 at gamma 2); the rounds
+    # as the decoder played them say it does not (0.89): where rounds were timed, they decide
+    calls = ({1: {1: 1.0, 2: 1.1, 3: 1.2}, 4: {1: 4.0, 2: 4.4, 3: 4.8}}, {1: 0.1, 4: 0.2})
+    rounds = {1: {0: 1.2, 1: 1.5, 2: 1.8}, 4: {0: 4.0, 1: 8.0, 2: 11.0}}
+    theirs, ours = BatchCosts(*calls), BatchCosts(*calls, rounds=rounds)
+    assert theirs.t_round(4, 2) == pytest.approx(2 * 0.2 + 4.8)  # Theorem 3.8's sum
+    assert ours.t_round(4, 2) == 11.0 and ours.t_round(2, 1) == pytest.approx(1.5 + 6.5 / 3)
+    for costs, off_at_4 in ((theirs, False), (ours, True)):
+        policy = LoadAwareGamma(costs, alpha0=0.8, prior=10)
+        policy.accepted, policy.tested = 0.8e9, 1e9  # alpha 0.8, known
+        assert policy.rate(2, 4, alpha=0.8) == pytest.approx(4 * 2.44 / costs.t_round(4, 2))
+        assert policy.choose(1) == 2 and (policy.choose(4) == 0) == off_at_4
+    assert LoadAwareGamma(BatchCosts(rounds={1: {0: 1.0, 1: 1.1}}), max_gamma=8).max_gamma == 1
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
+    ds = drafters()
+    rounds = time_rounds(TARGET, ds[drafter], Sampling(), batch_sizes=(1, 3), max_gamma=2,
+                         context=8, repeats=1)
+    assert set(rounds) == {1, 3} and all(set(row) == {0, 1, 2} for row in rounds.values())
+    for B, row in rounds.items():
+        assert all(t > 0 for t in row.values())
+        assert row[1] <= row[2]  # drafting: a line of slope >= 0
+        assert all(rounds[3][g] >= rounds[1][g] for g in row)  # a larger batch: never cheaper
+    # the sequences grow while timed: a short context times fewer gammas (96 positions)
+    assert max(time_rounds(TARGET, CLOSE, Sampling(), batch_sizes=(1,), repeats=1)[1]) < 8
+
+
 def test_load_aware_calibrates_only_the_batch_sizes_it_can_meet():
     """A batch never grows past its prompts: generate_batch times batch sizes 1..len(prompts),
     not 1..32."""
@@ -238,7 +269,7 @@ def test_load_aware_calibrates_only_the_batch_sizes_it_can_meet():
     assert batch_sizes_up_to(8) == (1, 2, 4, 8)
     assert batch_sizes_up_to(32) == (1, 2, 4, 8, 16, 32)
     decoder = BatchDecoder(TARGET, CLOSE, Sampling(), gamma="load-aware", max_batch=3)
-    assert set(decoder.load_aware.costs.verify) == set(decoder.load_aware.costs.draft) == {1, 2, 3}
+    assert set(decoder.load_aware.costs.rounds) == {1, 2, 3}
     for bad in (0, -1, 2.5, True, "3"):
         with pytest.raises(MinispecError, match="max_batch"):
             BatchDecoder(TARGET, CLOSE, Sampling(), gamma="load-aware", max_batch=bad)

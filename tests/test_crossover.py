@@ -21,15 +21,17 @@ def test_crossover_report():
     r = crossover.crossover(TARGET, DRAFT, PROMPTS, batch_sizes=[1, 3], gamma=2,
                             max_new_tokens=6)
     assert [row["batch"] for row in r["rows"]] == [1, 3]
+    assert r["settings"]["sequences"] == 3  # the largest batch: each size decodes 3 prompts
     for row in r["rows"]:
         assert row["identical"]  # greedy: the three methods give the same tokens
-        assert row["plain"]["tokens"] == row["batch"] * 6
+        assert row["plain"]["tokens"] == 3 * 6  # batch 1: three batches, one after another
         assert row["plain"]["mean_gamma"] == 0 and row["speculative"]["mean_gamma"] <= 2
         assert all(row[m]["tokens_per_second"] > 0 for m in crossover.METHODS)
         assert all(row[m]["decode_tokens_per_second"] > 0 for m in crossover.METHODS)
-    assert set(r["costs"]["verify"]) == {"1", "3"}
+    assert set(r["costs"]["verify"]) == set(r["costs"]["rounds"]) == {"1", "3"}
     text = crossover.format_crossover(r)
     assert "speculation stops paying at batch" in text and "k=3" in text
+    assert "what load-aware weighs" in text and "g=2" in text
     decode = text.split("the decode phase")[1].splitlines()[2:4]  # batch 1 and 3
     assert [line.split()[0] for line in decode] == ["1", "3"]
     assert decode[0].split()[4] == "1.00"  # plain at batch 1 over itself
@@ -64,6 +66,8 @@ def test_serve_report_counts_every_request():
 def test_command_line_errors_name_the_flag(tmp_path):
     with pytest.raises(MinispecError, match="--batch"):
         crossover.main(["--batch", "0,2"])
+    with pytest.raises(MinispecError, match="--sequences"):
+        crossover.main(["--sequences", "0"])
     with pytest.raises(MinispecError, match="--target"):
         crossover.serve_main(["--target", str(tmp_path / "none")])
     with pytest.raises(MinispecError, match="--alphas"):

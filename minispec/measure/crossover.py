@@ -44,31 +44,35 @@ METHODS = ("plain", "speculative", "load-aware")
 
 
 def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA,
-              max_new_tokens: int = 32, repeats: int = 1, costs: BatchCosts | None = None
-              ) -> dict:
-    """Tokens per second of plain, speculative (fixed gamma) and load-aware decoding of the
-    first B prompts at each batch size B; the costs behind the load-aware choice."""
+              max_new_tokens: int = 32, repeats: int = 1, costs: BatchCosts | None = None,
+              sequences: int | None = None) -> dict:
+    """Tokens per second of plain, speculative (fixed gamma) and load-aware decoding at each
+    batch size B, every size decoding the same `sequences` prompts (default: the largest
+    size; the first ones, cycled) in batches of B, one after another; the costs behind the
+    load-aware choice."""
     if costs is None:
-        costs = calibrate(target, draft, batch_sizes=batch_sizes, max_k=max(gamma + 1, 9))
+        costs = calibrate(target, draft, batch_sizes=batch_sizes, max_k=max(gamma + 1, 9),
+                          drafter=draft)
     eos = harness.benchmark_eos(target)
+    n = sequences or max(batch_sizes)
     rows = []
     for B in batch_sizes:
-        batch = [prompts[i % len(prompts)] for i in range(B)]
+        batches = [[prompts[(j + i) % len(prompts)] for i in range(B)] for j in range(0, n, B)]
         kw = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "eos_token_id": eos,
               "seed": 0, "costs": costs}
-        runs = {"plain": lambda: generate_batch(target, None, batch, gamma=0, **kw),
-                "speculative": lambda: generate_batch(target, draft, batch, gamma=gamma, **kw),
-                "load-aware": lambda: generate_batch(target, draft, batch, gamma="load-aware",
-                                                     **kw)}
+        setting = {"plain": (None, 0), "speculative": (draft, gamma),
+                   "load-aware": (draft, "load-aware")}
         times: dict[str, list[float]] = {m: [] for m in METHODS}
         decode: dict[str, list[float]] = {m: [] for m in METHODS}
         out = {}
         for _ in range(repeats):  # methods in turn, so a change of load hits all alike
-            for m, run in runs.items():
+            for m, (drafter, g) in setting.items():
                 t0 = time.perf_counter()
-                out[m] = run()
+                done = [generate_batch(target, drafter, batch, gamma=g, **kw) for batch in batches]
                 times[m].append(time.perf_counter() - t0)
-                decode[m].append(decode_rate(out[m]))
+                tokens, seconds = np.sum([decode_time(results) for results in done], axis=0)
+                decode[m].append(tokens / seconds if seconds > 0 else 0.0)
+                out[m] = [r for results in done for r in results]
         row = {"batch": B}
         for m in METHODS:
             tokens = sum(len(r.tokens) for r in out[m])
@@ -86,10 +90,12 @@ def crossover(target, draft, prompts, *, batch_sizes, gamma: int = DEFAULT_GAMMA
                             "load_aware_gamma": policy.choose(B)}
         rows.append(row)
     return {"settings": {"gamma": gamma, "max_new_tokens": max_new_tokens, "repeats": repeats,
-                         "batch_sizes": list(batch_sizes)},
+                         "batch_sizes": list(batch_sizes), "sequences": n},
             "costs": {"verify": {str(b): {str(k): t for k, t in ks.items()}
                                  for b, ks in costs.verify.items()},
-                      "draft": {str(b): t for b, t in costs.draft.items()}},
+                      "draft": {str(b): t for b, t in costs.draft.items()},
+                      "rounds": {str(b): {str(g): t for g, t in gs.items()}
+                                 for b, gs in (costs.rounds or {}).items()}},
             "rows": rows, "crossover": _crossover_batch(rows)}
 
 
@@ -162,14 +168,19 @@ def decode_rate(results) -> float:
     generate_batch's results, whose rounds carry the batch's timings: round i of the batch took
     the longest time any sequence recorded for its round i (each records the time until its
     own verify was settled)."""
+    tokens, seconds = decode_time(results)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def decode_time(results) -> tuple[int, float]:
+    """(new tokens, seconds) of one batch's decode phase (see decode_rate)."""
     steps: dict[int, float] = {}
     tokens = 0
     for r in results:
         for i, rd in enumerate(r.stats.rounds[1:]):
             tokens += len(rd.emitted)
             steps[i] = max(steps.get(i, 0.0), rd.draft_seconds + rd.verify_seconds)
-    seconds = sum(steps.values())
-    return tokens / seconds if seconds > 0 else 0.0
+    return tokens, sum(steps.values())
 
 
 def _crossover_batch(rows) -> int | None:
@@ -188,7 +199,7 @@ def serve(target, draft, prompts, *, rates, requests: int = 32, slots: int = 16,
     most `slots` sequences, greedy decoding. Returns throughput and latency percentiles."""
     if costs is None:
         costs = calibrate(target, draft, batch_sizes=sorted({1, 2, 4, 8, slots}),
-                          max_k=max(gamma + 1, 9))
+                          max_k=max(gamma + 1, 9), drafter=draft)
     eos = harness.benchmark_eos(target)
     rows = []
     for rate in rates:
@@ -229,7 +240,8 @@ def serve(target, draft, prompts, *, rates, requests: int = 32, slots: int = 16,
 def format_crossover(report: dict) -> str:
     s = report["settings"]
     lines = [f"tokens per second, {s['max_new_tokens']} new tokens per sequence, greedy, "
-             f"speculative gamma {s['gamma']} (median of {s['repeats']} run(s), methods in turn)",
+             f"speculative gamma {s['gamma']} (median of {s['repeats']} run(s), methods in turn); "
+             f"every batch size decodes the same {s['sequences']} prompts, B at a time",
              f"{'batch':>5} {'plain':>9} {'spec':>9} {'load-aware':>10} {'(gamma)':>8} "
              f"{'spec/plain':>10} {'aware/best':>10} {'alpha':>6}"]
     for r in report["rows"]:
@@ -264,6 +276,17 @@ def format_crossover(report: dict) -> str:
     lines.append(f"speculation pays while B x E[tokens] / (gamma t_draft(B) + t(B, {g + 1})) > "
                  f"B / t(B, 1); at batch 1 a {g + 1}-token call costs "
                  f"{verify[min(verify, key=int)][str(g + 1)] / base:.2f} one-token calls")
+    rounds = report["costs"].get("rounds")
+    if rounds:
+        gs = [x for x in ("0", "1", "2", str(g), "8") if x in next(iter(rounds.values()))]
+        gs = sorted(set(gs), key=int)
+        lines.append("")
+        lines.append("what load-aware weighs: a whole round of B sequences drafting gamma "
+                     "tokens each, as the decoder plays it (draft steps with their draws, the "
+                     "call, every verify), over t(1 x 1)")
+        lines.append(f"{'B':>5} " + " ".join(f"{'g=' + x:>6}" for x in gs))
+        for b in sorted(rounds, key=int):
+            lines.append(f"{b:>5} " + " ".join(f"{rounds[b][x] / base:6.2f}" for x in gs))
     return "\n".join(lines)
 
 
@@ -386,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default=None,
                     help="batch sizes (default 1,2,4,8,16,32; on the GPU 1,2,4,8,16,32,64)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
+    ap.add_argument("--sequences", type=int, default=None,
+                    help="prompts every batch size decodes, B at a time (default: the largest "
+                    "batch size)")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                     help="gpu: the costs of a batch's call through CUDA graphs, and from them "
                     "plain and speculative throughput predicted at --alphas (no decoding)")
@@ -406,13 +432,16 @@ def main(argv: list[str] | None = None) -> int:
         raise MinispecError("--random-llama-1b and --dtype float16 are for --device gpu (the "
                             "CPU's crossover decodes the shipped pair in float32)")
     sizes = _ints(args.batch or "1,2,4,8,16,32", "--batch")
+    if args.sequences is not None and args.sequences < 1:
+        raise MinispecError(f"--sequences: expected an integer >= 1, got {args.sequences}")
     need_matplotlib(args.plot)  # before a long measurement, not after it
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)
         if not args.json:
             print("calibrating the batched calls ...", file=sys.stderr, flush=True)
         report = crossover(target, draft, prompts, batch_sizes=sizes, gamma=args.gamma,
-                           max_new_tokens=args.max_new_tokens, repeats=args.repeats)
+                           max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                           sequences=args.sequences)
     print(json.dumps(report, indent=1) if args.json else format_crossover(report))
     if args.plot:
         print(plot(report, None, args.plot), file=sys.stderr if args.json else sys.stdout)
