@@ -345,7 +345,8 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     steady state, where a policy that settles on a gamma runs), then timed rounds (`repeats`,
     or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
     the line through them by the median of the pairwise slopes (Theil-Sen: one slow round
-    moves it little); gamma 0, a round without drafting, stands apart. Sizes are then made
+    moves it little); gamma 0, a round without drafting, stands apart: it is timed first and
+    again last, the lower kept. Sizes are then made
     monotone as `calibrate`'s calls are: a larger batch never costs less.
 
     The rounds are the loop's own: the drafter's steps with a warp and a draw per draft, the
@@ -364,7 +365,7 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
 
     def grows(most):  # the new tokens a sequence may emit: the prompt's round emits 1
         rounds = WARM_UP_ROUNDS + max(repeats, TIMED_ROUNDS)
-        return 1 + rounds * sum(g + 1 for g in gammas(most))
+        return 1 + rounds * (1 + sum(g + 1 for g in gammas(most)))
 
     while max_gamma > 0 and grows(max_gamma) + 1 > limit:
         max_gamma -= 1
@@ -376,8 +377,8 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
         for b in range(B):
             decoder.add(prompt.tolist(), Request(new), np.random.default_rng([0, b]))
         decoder.step()  # the prompt's round: a prefill, not a decode round
-        best = {}
-        for g in gammas(max_gamma):
+        best: dict[int, float] = {}
+        for g in gammas(max_gamma) + [0]:  # gamma 0 again last: it has no line to steady it
             for s in decoder.live:
                 s.policy.gamma = g
             warm = time.perf_counter() + WARM_UP_S
@@ -390,7 +391,7 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
                 t0 = time.perf_counter()
                 decoder.step()
                 times.append(time.perf_counter() - t0)
-            best[g] = float(np.median(times))
+            best[g] = min(float(np.median(times)), best.get(g, math.inf))
         drafting = [(g, t) for g, t in best.items() if g]
         slopes = [(t1 - t0) / (g1 - g0) for i, (g0, t0) in enumerate(drafting)
                   for g1, t1 in drafting[i + 1:]]

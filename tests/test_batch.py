@@ -249,8 +249,10 @@ def test_load_aware_weighs_whole_rounds_where_they_were_timed():
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
-    ds = drafters()
-    rounds = time_rounds(TARGET, ds[drafter], Sampling(), batch_sizes=(1, 3), max_gamma=2,
+    target = random_model(tiny_config(max_position_embeddings=256), seed=0, scale=0.5)
+    ds = {"model": random_model(tiny_config(max_position_embeddings=256), seed=1),
+          "ngram": make_drafter("ngram", target)}
+    rounds = time_rounds(target, ds[drafter], Sampling(), batch_sizes=(1, 3), max_gamma=2,
                          context=8, repeats=1)
     assert set(rounds) == {1, 3} and all(set(row) == {0, 1, 2} for row in rounds.values())
     for B, row in rounds.items():
