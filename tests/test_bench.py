@@ -122,6 +122,14 @@ def test_bench_times_both_products_and_draws_them(pair, capsys, tmp_path):
     assert all(list(c) == [str(k) for k in range(1, 17)] for c in calls.values())
     ratio = calls["minispec"]["5"] / calls["minispec"]["1"]
     assert r["aims"]["target call t(5)/t(1) <= 1.25"]["value"] == pytest.approx(ratio)
+    # the rest of a decode step: the decode loop's token less the weight products, its share
+    fl = r["floor"]
+    assert fl["rest_of_step_s"] == pytest.approx(
+        fl["autoregressive_step_s"] - r["costs"]["target_matmul_s"])
+    share = max(fl["rest_of_step_s"], 0.0) / fl["autoregressive_step_s"]
+    assert fl["rest_of_step_share"] == pytest.approx(share)
+    assert r["aims"]["the rest of a decode step <= 0.2 of it (all but the weight products)"][
+        "value"] == pytest.approx(share)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -727,6 +727,10 @@ def _derive(report: dict, gamma) -> None:
         # the weight products of one step alone: the bytes they read (as stored) per second
         "products_bandwidth": floor["weight_bytes"] / costs["target_matmul_s"],
         "arithmetic_per_token_s": costs["arithmetic_per_token_s"],
+        # what a decode loop's token costs besides the weight products: attention over the
+        # cache, norms, RoPE, the head's warp and draw, the loop's Python
+        "rest_of_step_s": ar_step_s - costs["target_matmul_s"],
+        "rest_of_step_share": max(ar_step_s - costs["target_matmul_s"], 0.0) / ar_step_s,
     }
     a = costs["arithmetic_per_token_s"]
     if a is not None and verify_ratio is not None:
@@ -746,6 +750,8 @@ def _derive(report: dict, gamma) -> None:
         "autoregressive decode >= 0.8 x memory floor": (
             report["floor"]["autoregressive_fraction_of_floor"],
             report["floor"]["autoregressive_fraction_of_floor"] >= 0.8),
+        "the rest of a decode step <= 0.2 of it (all but the weight products)": (
+            report["floor"]["rest_of_step_share"], report["floor"]["rest_of_step_share"] <= 0.2),
     }
     for theirs in ("hf assisted", "hf assisted (hf defaults)"):
         key = f"minispec speculative / {theirs}"
@@ -836,6 +842,10 @@ def format_report(report: dict) -> str:
          f"floor's speed ({fl['autoregressive_step_s'] * ms:.3f} ms/token in the decode loop; "
          f"the bare forward step at {fl['forward_fraction_of_floor']:.0%}; "
          f"{fl['autoregressive_step_s_end_to_end'] * ms:.3f} ms/token with the prompt's prefill)"),
+        (f"  the rest of a decode step (attention, norms, RoPE, the head's warp and draw, the "
+         f"loop's Python): {fl['rest_of_step_s'] * ms:.3f} ms, {fl['rest_of_step_share']:.0%} of "
+         f"the loop's token; the draft step {costs['draft_step_s'] / costs['draft_matmul_s']:.2f}x"
+         f" its weight products"),
         "",
         "generation (new tokens only; decode: after each prompt's first round, which holds its "
         "prefill)",
