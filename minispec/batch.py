@@ -194,7 +194,7 @@ class LoadAwareGamma:
         rate(gamma) = B E(alpha, gamma) / t_round(B, gamma),
         t_round(B, gamma) = gamma t_draft(B) + t_verify(B, gamma + 1)     (the theorem's),
 
-    and rate(0) = B / t_round(B, 0) is speculation off. `calibrate` times whole rounds as the
+    and rate(0) = B / t_round(B, 0) is speculation off. `time_rounds` times whole rounds as the
     decoder plays them (BatchCosts.rounds): on a CPU a small model's round also pays for the
     loop's own work (a warp and a draw per draft, each sequence's verify) and for weights gone
     cold in the caches between the calls, which timing the calls alone leaves out.
@@ -346,8 +346,8 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
     the line through them by the median of the pairwise slopes (Theil-Sen: one slow round
     moves it little); gamma 0, a round without drafting, stands apart: it is timed first and
-    again last, the lower kept. Sizes are then made
-    monotone as `calibrate`'s calls are: a larger batch never costs less.
+    again last, the lower kept. Sizes are then made monotone as `calibrate`'s calls are: a
+    larger batch never costs less.
 
     The rounds are the loop's own: the drafter's steps with a warp and a draw per draft, the
     target call, every sequence's verify, and the weights as warm as a round leaves them. A
@@ -370,7 +370,8 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     while max_gamma > 0 and grows(max_gamma) + 1 > limit:
         max_gamma -= 1
     new = grows(max_gamma)
-    prompt = (np.arange(max(1, min(context, limit - new))) % min(target.vocab_size, 256))
+    ids = min(drafter.vocab_size, getattr(drafter, "model", target).vocab_size, 256)
+    prompt = np.arange(max(1, min(context, limit - new))) % ids  # ids every side can read
     rounds = {}
     for B in sorted(batch_sizes):
         decoder = BatchDecoder(target, drafter, sampling, gamma=0)
