@@ -49,7 +49,7 @@ from minispec.errors import MinispecError  # noqa: E402
 
 BASE = ROOT / "weights" / "draft"  # a real, small checkpoint directory (2.4 MB)
 KINDS = ("safetensors", "config", "tokenizer", "special", "tokens", "dtype", "generate", "verify")
-MEMORY_CAP = 4 * 2**30
+MEMORY_CAP = 4 * 2**30  # what a case may map beyond the address space it inherits (child)
 TIMEOUT = 20.0
 EXIT = {0: "accepted", 10: "error", 11: "other", 12: "memory", 13: "silent"}
 
@@ -351,8 +351,20 @@ def run_case(kind: str, index: int, seed: int, workdir: Path) -> None:
     check_model(minispec.load(d, device="cpu"))
 
 
+def address_space() -> int:
+    """This process's virtual memory in bytes (0 where /proc is missing)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def child(kind: str, index: int, seed: int, workdir: Path) -> int:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
+    # the cap is on the case's own allocations: a fork inherits its parent's address space,
+    # which in a pytest worker that ran torch, numba and SmolLM2 before can be most of the cap
+    cap = address_space() + MEMORY_CAP
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
         run_case(kind, index, seed, workdir)
         return 0
