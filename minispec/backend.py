@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import weakref
@@ -117,8 +118,14 @@ class Arena:
         # a map of one page more than asked, used from its first 2 MB boundary (the map is
         # 4 KB-aligned); marked before anything is written, so the pages come 2 MB at a time
         private = getattr(mmap, "MAP_PRIVATE", None)  # Unix: not shared memory (no 2 MB pages)
-        m = (mmap.mmap(-1, nbytes + self.PAGE) if private is None
-             else mmap.mmap(-1, nbytes + self.PAGE, flags=private))
+        try:
+            m = (mmap.mmap(-1, nbytes + self.PAGE) if private is None
+                 else mmap.mmap(-1, nbytes + self.PAGE, flags=private))
+        except OSError as e:  # out of memory: what NumPy raises, not an OSError
+            if e.errno != errno.ENOMEM:
+                raise
+            raise MemoryError(f"the weights' arena: no memory for a block of {nbytes} bytes") \
+                from None
         if hasattr(mmap, "MADV_HUGEPAGE"):  # Linux
             with contextlib.suppress(OSError):  # a kernel built without huge pages: 4 KB ones
                 m.madvise(mmap.MADV_HUGEPAGE)

@@ -238,6 +238,19 @@ def test_the_arena_holds_the_same_values_on_cache_lines():
     assert arrays[0][0, 0] != 1.0 and np.array_equal(held[1], arrays[1])
 
 
+def test_an_arena_out_of_memory_raises_memory_error(monkeypatch):
+    # as NumPy does when an array cannot be had, not the OSError of a refused memory map
+    import errno
+    import mmap
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    with pytest.raises(MemoryError, match="arena"):
+        Arena().put(np.ones(4, dtype=np.float32))
+
+
 def test_the_loaded_matrices_live_in_the_arena_a_tied_head_in_the_embedding():
     # the shipped target's tied head is a bfloat16 copy (its embedding is float32): in the arena
     model = load(SHIPPED / "target", device="cpu")
