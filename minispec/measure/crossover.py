@@ -5,11 +5,12 @@ server with speculation off, on, and load-aware.
     minispec crossover --batch 1,4,16 --json
     minispec serve                              # Poisson arrivals, continuous batching
 
-crossover: for each batch size B, the first B held-out prompts decoded together three ways:
-plain (gamma 0), speculative at a fixed gamma, and load-aware (minispec/batch.py), methods
-timed in turn. Beside them the verify-cost curve t(B sequences x k tokens in one call), from
-the same calibration the load-aware policy uses, explains the crossover: speculation pays while
-B x E[tokens] / (gamma t_draft(B) + t(B, gamma+1)) beats B / t(B, 1).
+crossover: for each batch size B, the same held-out prompts (as many as the largest batch)
+decoded B at a time three ways: plain (gamma 0), speculative at a fixed gamma, and load-aware
+(minispec/batch.py), methods timed in turn. Beside them the verify-cost curve t(B sequences x k
+tokens in one call) explains the crossover: speculation pays while B x E[tokens] / (gamma
+t_draft(B) + t(B, gamma+1)) beats B / t(B, 1); and the whole rounds the load-aware policy
+weighs, timed as the decoder plays them.
 
 serve: requests arrive as a Poisson process at several rates and are served by continuous
 batching (a finished sequence's slot is taken by the next waiting request, up to --slots). The
