@@ -351,19 +351,10 @@ def run_case(kind: str, index: int, seed: int, workdir: Path) -> None:
     check_model(minispec.load(d, device="cpu"))
 
 
-def address_space() -> int:
-    """This process's virtual memory in bytes (0 where /proc is missing)."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
 def child(kind: str, index: int, seed: int, workdir: Path) -> int:
     # the cap is on the case's own allocations: a fork inherits its parent's address space,
     # which in a pytest worker that ran torch, numba and SmolLM2 before can be most of the cap
-    cap = address_space() + MEMORY_CAP
+    cap = memory_bytes(0) + MEMORY_CAP
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     try:
         run_case(kind, index, seed, workdir)
@@ -383,14 +374,20 @@ def child(kind: str, index: int, seed: int, workdir: Path) -> int:
         return 11
 
 
+def memory_bytes(field: int) -> int:
+    """This process's memory from /proc/self/statm (0 where it is missing): field 0 its address
+    space, 1 its resident pages."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[field])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
 def resident_mb() -> float:
     """This process's resident memory in MB (0 where /proc is missing). A forked case starts with
     its parent's pages resident, so a case's own peak is its maxrss less this at the fork."""
-    try:
-        pages = int(Path("/proc/self/statm").read_text().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return memory_bytes(1) / 2**20
 
 
 def campaign(cases: int, seed: int, jobs: int, quiet: bool = False) -> dict:

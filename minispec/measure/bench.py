@@ -718,6 +718,7 @@ def _derive(report: dict, gamma) -> None:
     report["greedy_agreement"] = agreement
     floor = costs["floor"]
     ar_step_s = 1.0 / ar["decode_tokens_per_second"]  # the decode loop's, per token
+    rest = ar_step_s - costs["target_matmul_s"]  # all but the weight products (see below)
     report["floor"] = {
         "weight_bytes": floor["weight_bytes"], "bandwidth": costs["bandwidth"]["read_weight_sized"],
         "floor_step_s": floor["floor_step_s"], "floor_tokens_per_second":
@@ -731,8 +732,8 @@ def _derive(report: dict, gamma) -> None:
         "arithmetic_per_token_s": costs["arithmetic_per_token_s"],
         # what a decode loop's token costs besides the weight products: attention over the
         # cache, norms, RoPE, the head's warp and draw, the loop's Python
-        "rest_of_step_s": ar_step_s - costs["target_matmul_s"],
-        "rest_of_step_share": max(ar_step_s - costs["target_matmul_s"], 0.0) / ar_step_s,
+        "rest_of_step_s": rest,
+        "rest_of_step_share": max(rest, 0.0) / ar_step_s,
     }
     a = costs["arithmetic_per_token_s"]
     if a is not None and verify_ratio is not None:
