@@ -144,3 +144,26 @@ def test_bad_sampling_parameters_are_named(kwargs, name):
         check_sampling_params(**kwargs)
     with pytest.raises(MinispecError, match=name):
         warp(np.zeros(4), **kwargs)
+
+
+@pytest.mark.parametrize("logits, match", [
+    (np.array(["a", "b"]), "numbers"), ([[1.0], [1.0, 2.0]], "numbers"), (np.zeros((2, 0)), "V"),
+    ([[1.0, float("nan")]], "NaN"), ([0.0, float("inf")], "NaN or \\+inf"),
+    ([-np.inf, -np.inf], "only -inf")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bad_logits_are_one_clear_error(logits, match, temperature):
+    """Greedy and sampled warps refuse the same inputs, each with a MinispecError naming them."""
+    with pytest.raises(MinispecError, match=f"logits.*{match}"):
+        warp(logits, temperature)
+
+
+def test_greedy_warp_of_float32_logits_is_the_argmax_of_their_float64_values():
+    """Greedy warp reads the logits as they come (no float64 copy): the same one-hot rows, ties to
+    the first index, as the float64 values give."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((6, 300)).astype(np.float32)
+    logits[2, [7, 9]] = logits[2].max() + 1  # a tie
+    want = np.zeros(logits.shape)
+    want[np.arange(6), logits.astype(np.float64).argmax(axis=1)] = 1.0
+    got = warp(logits, 0.0)
+    assert got.dtype == np.float64 and np.array_equal(got, want) and got[2, 7] == 1.0

@@ -52,12 +52,14 @@ def test_verify_rejects_bad_shapes():
 
 def _bad_verify_args():
     p, q, d = np.full((3, 4), 0.25), np.full((2, 4), 0.25), np.array([0, 1])
-    nan, neg, zero = p.copy(), q.copy(), q.copy()
+    nan, inf, neg, zero = p.copy(), q.copy(), q.copy(), q.copy()
     nan[1, 2] = np.nan
+    inf[1, 0] = np.inf
     neg[0] = [0.5, 0.5, 0.5, -0.5]
     zero[1] = 0.0
     return [
-        ((nan, q, d), "finite"), ((p, neg, d), ">= 0"), ((p, zero, d), "sum to 1"),
+        ((nan, q, d), "finite"), ((p, inf, d), "finite"), ((p, neg, d), ">= 0"),
+        ((p, zero, d), "sum to 1"),
         ((p * 0.9, q, d), "sum to 1"), ((p, q, np.array([0, 4])), "outside the vocabulary"),
         ((p, q, np.array([-1, 0])), "outside the vocabulary"),
         ((p, q, np.array([0.0, 1.0])), "integer"), ((np.zeros((1, 0)), np.zeros((0, 0)), []), "V"),

@@ -83,18 +83,24 @@ def warp(logits, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.n
 
 
 def _warp(logits, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    logits = to_host(logits)
+    try:
+        logits = to_host(logits)
+    except (TypeError, ValueError) as e:  # a ragged list, say
+        raise MinispecError(f"logits: expected an array of numbers ({e})") from None
+    if logits.dtype.kind not in "biuf":
+        raise MinispecError(f"logits: expected an array of numbers, got dtype {logits.dtype}")
     if logits.ndim == 0 or logits.shape[-1] == 0:
         raise MinispecError(f"logits: expected shape [..., V] with V >= 1, got {logits.shape}")
-    x = logits.astype(np.float64)  # our own copy, changed in place below
-    top = x.max(axis=-1, keepdims=True)  # [..., 1]
+    top = logits.max(axis=-1, keepdims=True)  # [..., 1]
     if not np.isfinite(top).all():  # max() is NaN if any entry is, +inf if any is
         raise MinispecError("logits: NaN or +inf (or a row of only -inf) in a model's output; "
                             "the weights or the arithmetic overflowed")
     if temperature == 0:
-        probs = np.zeros(x.shape)
-        np.put_along_axis(probs, x.argmax(axis=-1)[..., None], 1.0, axis=-1)
+        probs = np.zeros(logits.shape)
+        np.put_along_axis(probs, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return probs
+    x = logits.astype(np.float64)  # our own copy, changed in place below
+    top = top.astype(np.float64)
     x -= top  # shifted so the largest is 0: dividing by a tiny temperature can only send the
     with np.errstate(over="ignore"):  # others to -inf (probability 0), which is the limit
         x /= temperature
