@@ -87,7 +87,7 @@ def test_heads_of_64_take_the_lane_attention_and_equal_the_plain_step(family):
         a_cache.rollback(n)
         tokens, parents = rng.integers(0, 48, 5), [-1, 0, 0, 1, 1]
         _close(hidden_tree(fast, [3], tokens, parents, b_cache),
-              hidden_tree(plain, [3], tokens, parents, a_cache))
+               hidden_tree(plain, [3], tokens, parents, a_cache))
 
 
 TREES = [(1, [-1, 0, 0, 1, 1, 2, 3]),  # (prefix length, parents): Medusa's 2,2,1,1 shape
