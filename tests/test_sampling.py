@@ -157,6 +157,14 @@ def test_bad_logits_are_one_clear_error(logits, match, temperature):
         warp(logits, temperature)
 
 
+def test_logits_of_other_number_types_are_read_as_float64():
+    from fractions import Fraction
+
+    logits = np.array([Fraction(1, 3), Fraction(2, 3), Fraction(-1)], dtype=object)
+    for t in (0.0, 1.0):
+        np.testing.assert_array_equal(warp(logits, t), warp(logits.astype(np.float64), t))
+
+
 def test_greedy_warp_of_float32_logits_is_the_argmax_of_their_float64_values():
     """Greedy warp reads the logits as they come (no float64 copy): the same one-hot rows, ties to
     the first index, as the float64 values give."""

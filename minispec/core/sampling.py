@@ -87,8 +87,12 @@ def _warp(logits, temperature: float, top_k: int, top_p: float) -> np.ndarray:
         logits = to_host(logits)
     except (TypeError, ValueError) as e:  # a ragged list, say
         raise MinispecError(f"logits: expected an array of numbers ({e})") from None
-    if logits.dtype.kind not in "biuf":
-        raise MinispecError(f"logits: expected an array of numbers, got dtype {logits.dtype}")
+    if logits.dtype.kind not in "biuf":  # objects, a bfloat16 of ml_dtypes, ...: as float64
+        try:
+            logits = logits.astype(np.float64)
+        except (TypeError, ValueError):
+            raise MinispecError(f"logits: expected an array of numbers, got dtype "
+                                f"{logits.dtype}") from None
     if logits.ndim == 0 or logits.shape[-1] == 0:
         raise MinispecError(f"logits: expected shape [..., V] with V >= 1, got {logits.shape}")
     top = logits.max(axis=-1, keepdims=True)  # [..., 1]
