@@ -515,10 +515,10 @@ class BatchDecoder:
         hidden = target_forward_batch(
             self.drafter, drafters, [s.context[s.cache.length:] for s in seqs], drafts,
             [s.cache for s in seqs])  # one target call for every sequence's chain
-        logits = batch_head(self.target, hidden, [len(d.tokens) + 1 for d in drafts])
+        probs = batch_head(self.target, hidden, [len(d.tokens) + 1 for d in drafts], self.warp)
         done = []
-        for s, g, d, z, h in zip(seqs, gammas, drafts, logits, hidden):
-            path, token = settle(self.verify, self.warp(z), d, s.rng)
+        for s, g, d, p, h in zip(seqs, gammas, drafts, probs, hidden):
+            path, token = settle(self.verify, p, d, s.rng)
             r = finish_round(s.drafter, s.context, s.cache, d, path, token, h, s.eos)
             r.gamma = g
             r.draft_seconds = t1 - t0  # the batch's time: every sequence waited for all of it

@@ -88,8 +88,10 @@ def split(x, sizes: list[int]) -> list:
     return [x[end - n:end] for n, end in zip(sizes, ends)]
 
 
-def batch_head(model: Model, hs: list, n_rows: list[int]) -> list:
+def batch_head(model: Model, hs: list, n_rows: list[int], warp=None) -> list:
     """The LM head on the last n_rows[b] rows of each sequence's hidden states, in one matmul
-    -> one logits array [n_rows[b], V] per sequence."""
+    -> one logits array [n_rows[b], V] per sequence; given `warp`, the probabilities it makes of
+    them, every row warped in one call (warp works row by row: each row's own result)."""
     rows = model.xp.concatenate([h[h.shape[0] - n:] for h, n in zip(hs, n_rows)])  # [sum, D]
-    return split(model.lm_head(rows), n_rows)
+    logits = model.lm_head(rows)  # [sum, V]
+    return split(logits if warp is None else warp(logits), n_rows)

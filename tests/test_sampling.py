@@ -102,6 +102,18 @@ def test_warp_of_a_single_row():
     assert warp(np.array([1.0, 2.0]), 1.0).shape == (2,)
 
 
+@pytest.mark.parametrize("temperature", [0, 0.7, 1.0])
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (50, 1.0), (0, 0.8), (20, 0.9)])
+def test_each_row_of_a_matrix_is_warped_as_if_alone(temperature, top_k, top_p):
+    """A batch warps every sequence's rows in one call (minispec/batch.py): each row's
+    probabilities are the bits that row alone gets (a sequence's output must not depend on its
+    company)."""
+    logits = np.random.default_rng(9).normal(scale=3, size=(16, 4096)).astype(np.float32)
+    together = warp(logits, temperature, top_k, top_p)
+    for row, got in zip(logits, together):
+        assert np.array_equal(got, warp(row, temperature, top_k, top_p))
+
+
 def test_sample_frequencies_match_probs():
     probs = np.array([0.1, 0.0, 0.2, 0.3, 0.4, 0.0])
     rng = np.random.default_rng(6)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batch_forward import batch_head, batch_hidden
+from ..batch_forward import batch_hidden
 from ..core.drafter import Draft, ModelDrafter
 from ..core.sampling import sample
 from ..core.sampling import warp as softmax  # at temperature 1: the plain softmax
@@ -71,16 +71,17 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
         if not live:  # every chain ended early
             break
         hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
-        logits = heads(first, hs)  # [1, V_draft] each
-        for b, row in zip(live, logits):
+        logits = heads(first, hs)  # [B_live, V_draft]: each sequence's last row
+        probs = warp(logits)  # [B_live, V], in one call (warp works row by row)
+        for j, b in enumerate(live):
             drafters[b].calls += 1
             fed[b] = i  # drafts 0..i-1 are in the cache now
             if stop is not None:  # see `stop` in the class docstring
-                own = softmax(row[0], 1.0)  # the draft's own (unwarped) distribution
+                own = softmax(logits[j], 1.0)  # the draft's own (unwarped) distribution
                 if sure[b] * own.max() < stop:
                     todo[b] = i  # token i would not be kept often enough: end here
                     continue
-            qs[b][i] = warp(row[0])  # [V]: only the row we sample from
+            qs[b][i] = probs[j]  # [V]: only the row we sample from
             drafts[b][i] = sample(qs[b][i], rngs[b])
             feed[b] = [int(drafts[b][i])]
             if stop is not None:
@@ -94,11 +95,9 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
     return out
 
 
-def heads(drafter, hs) -> list:
-    """The LM head on each sequence's last hidden row: the draft's own, or its rows of the
-    draft vocabulary (host logits, -inf outside it)."""
+def heads(drafter, hs):
+    """The LM head on each sequence's last hidden row -> [B, V_draft]: the draft's own, or its
+    rows of the draft vocabulary (host logits, -inf outside it)."""
+    rows = drafter.model.xp.concatenate([h[-1:] for h in hs])  # [B, D]
     head = getattr(drafter, "draft_head", None)
-    if head is None:
-        return batch_head(drafter.model, hs, [1] * len(hs))
-    rows = head(drafter.model.xp.concatenate([h[-1:] for h in hs]))  # [B, V]
-    return [rows[b:b + 1] for b in range(len(hs))]
+    return drafter.model.lm_head(rows) if head is None else head(rows)

@@ -75,13 +75,13 @@ class EarlyExitDrafter(Drafter):
             h = self.run_layers(h, [drafters[b].target_cache for b in live], starts, sizes, 0,
                                 k)  # [N, D]: layer k's hidden states
             hs = split(h, sizes)
-            logits = batch_head(target, hs, [1] * len(live))  # [1, V] each
-            for b, hb, row in zip(live, hs, logits):
+            probs = batch_head(target, hs, [1] * len(live), warp)  # [1, V] each, warped
+            for b, hb, row in zip(live, hs, probs):
                 d = drafters[b]
                 d.calls += 1
                 d._fed += feed[b]
                 d._h.append(hb)
-                qs[b][i] = warp(row[0])  # [V]: only the row we sample from
+                qs[b][i] = row[0]  # [V]: only the row we sample from
                 drafts[b][i] = sample(qs[b][i], rngs[b])
                 feed[b] = [int(drafts[b][i])]
         return [Draft(t, q) for t, q in zip(drafts, qs)]
