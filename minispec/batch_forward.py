@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .backend import to_host
 from .core.model import KVCache, Model, attention, causal_mask, linear, mlp, norm, qkv_heads
 
 
@@ -39,8 +40,18 @@ def batched_block(xp, x, p: dict[str, Any], config, rot, layer_caches, starts, s
 
 
 def batch_embed(model: Model, tokens: list[list[int]], starts: list[int]):
-    """Embeddings of each sequence's new tokens at its positions, laid end to end -> [N, D]."""
-    return model.xp.concatenate([model.embed(t, pos) for t, pos in zip(tokens, starts)])
+    """Embeddings of each sequence's new tokens at its positions, laid end to end -> [N, D]:
+    model.embed's rows, gathered for every sequence at once."""
+    if not tokens or any(len(t) == 0 for t in tokens):
+        return model.xp.concatenate([model.embed(t, pos) for t, pos in zip(tokens, starts)])
+    for t, pos in zip(tokens, starts):
+        model._check_span(pos, len(t), None)
+    ids = model._token_array(np.concatenate([np.asarray(to_host(t)) for t in tokens]))  # [N]
+    h = model.weights["embed"][ids]  # [N, D]
+    if model.weights["pos_embed"] is not None:
+        at = np.concatenate([np.arange(pos, pos + len(t)) for t, pos in zip(tokens, starts)])
+        h = h + model.weights["pos_embed"][model.xp.asarray(at)]  # + [N, D]
+    return h
 
 
 def batch_run_layers(model: Model, h, caches: list[KVCache], starts: list[int],

@@ -20,7 +20,7 @@ from minispec.batch import (
     generate_batch,
     time_rounds,
 )
-from minispec.batch_forward import batch_head, batch_hidden
+from minispec.batch_forward import batch_embed, batch_head, batch_hidden
 from minispec.core.sampling import warp
 from minispec.drafters import ModelDrafter
 from minispec.loader import random_model
@@ -286,6 +286,21 @@ def test_bad_batch_arguments_are_named():
     for gamma in (-1, "fast", 1.5):
         with pytest.raises(MinispecError, match="gamma"):
             generate_batch(TARGET, CLOSE, [[1, 2]], gamma=gamma, max_new_tokens=4, **GREEDY)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_batchs_embeddings_are_each_sequences_own_and_bad_ids_are_named(family):
+    """batch_embed gathers every sequence's rows in one call (GPT-2's learned positions too):
+    the rows model.embed gives each alone; a bad id or an empty sequence is the MinispecError
+    that model.embed raises, not another exception."""
+    m = random_model(tiny_config(family), seed=3, scale=0.5)
+    tokens, starts = [[5, 6, 7], [9], [1, 2]], [0, 4, 11]
+    want = np.concatenate([to_host(m.embed(t, p)) for t, p in zip(tokens, starts)])
+    assert np.array_equal(to_host(batch_embed(m, tokens, starts)), want)
+    for bad, match in (([[1], [m.vocab_size]], "ids must be in"), ([[1], []], "non-empty"),
+                       ([[1], [2.5]], "integer")):
+        with pytest.raises(MinispecError, match=match):
+            batch_embed(m, bad, [0, 3])
 
 
 def test_each_sequence_of_a_batch_drafts_with_state_of_its_own():
