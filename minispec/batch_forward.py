@@ -46,7 +46,7 @@ def batch_embed(model: Model, tokens: list[list[int]], starts: list[int]):
         return model.xp.concatenate([model.embed(t, pos) for t, pos in zip(tokens, starts)])
     for t, pos in zip(tokens, starts):
         model._check_span(pos, len(t), None)
-    ids = model._token_array(np.concatenate([np.asarray(to_host(t)) for t in tokens]))  # [N]
+    ids = model._token_array(np.concatenate([to_host(t) for t in tokens]))  # [N]
     h = model.weights["embed"][ids]  # [N, D]
     if model.weights["pos_embed"] is not None:
         at = np.concatenate([np.arange(pos, pos + len(t)) for t, pos in zip(tokens, starts)])

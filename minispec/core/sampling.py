@@ -104,7 +104,6 @@ def _warp(logits, temperature: float, top_k: int, top_p: float) -> np.ndarray:
         np.put_along_axis(probs, logits.argmax(axis=-1)[..., None], 1.0, axis=-1)
         return probs
     x = logits.astype(np.float64)  # our own copy, changed in place below
-    top = top.astype(np.float64)
     x -= top  # shifted so the largest is 0: dividing by a tiny temperature can only send the
     with np.errstate(over="ignore"):  # others to -inf (probability 0), which is the limit
         x /= temperature
