@@ -78,6 +78,15 @@ def test_bench_json_is_consistent(pair, capsys):
     assert th["predicted_speedup_arithmetic_verify"] == pytest.approx(
         harness.predicted_speedup_measured_verify(th["alpha"], 4, costs["c"],
                                                   th["verify_ratio_arithmetic"]))
+    # the costs the decode loop paid, from the rounds' own timers (the decode rounds only)
+    lp, sr, ar_r = th["loop"], sp["decode_rounds"], ar["decode_rounds"]
+    assert ar_r["rounds"] == ar_r["emitted"] and ar_r["positions"] == 0  # one token a round
+    assert lp["step_s"] == pytest.approx(ar_r["verify_seconds"] / ar_r["rounds"])
+    assert lp["verify_ratio"] == pytest.approx(sr["verify_seconds"] / sr["rounds"] / lp["step_s"])
+    assert lp["c"] == pytest.approx(sr["draft_seconds"] / sr["positions"] / lp["step_s"])
+    assert 0 < lp["gamma"] <= 4
+    assert lp["predicted_speedup"] == pytest.approx(harness.predicted_speedup_measured_verify(
+        th["alpha"], lp["gamma"], lp["c"], lp["verify_ratio"]))
     # speculative decoding is lossless: greedy outputs agree token for token
     agree = r["greedy_agreement"]["minispec speculative vs minispec autoregressive"]
     assert agree["identical"] == agree["total"] == r["settings"]["num_prompts"]
@@ -91,6 +100,7 @@ def test_bench_table_for_people(pair, capsys):
                     "theory", "greedy outputs", "aims", "minispec speculative"):
         assert heading in out
     assert "g = 2" in out
+    assert "with the costs the decode loop paid" in out
 
 
 @pytest.mark.slow
@@ -198,3 +208,28 @@ def test_the_decode_rate_leaves_out_each_first_round():
 
     rs = [result(10, 1, 0.5, 1.4), result(20, 3, 0.25, 2.25)]  # 9 + 17 tokens in 0.9 + 2.0 s
     assert harness.decode_rate(rs) == pytest.approx(26 / 2.9)
+
+
+def test_loop_costs_are_the_decode_rounds_own_timers():
+    """harness.decode_rounds sums the rounds after each first one; loop_costs divides them by the
+    autoregressive round (a step as the loop paid it)."""
+    from minispec.core.speculative import GenerationResult, Round, Stats
+
+    def result(rounds):
+        st = Stats(drafter="x", gamma=4)
+        st.rounds = [Round([7] * d, a, 1, "correction", [1] * (a + 1), draft_seconds=ds,
+                           verify_seconds=vs, depth=d) for d, a, ds, vs in rounds]
+        return GenerationResult([1] * sum(a + 1 for _, a, _, _ in rounds), "length", st)
+
+    ar = harness.decode_rounds([result([(0, 0, 0.0, 9.0)] + [(0, 0, 0.0, 0.002)] * 10)])
+    assert ar == {"rounds": 10, "positions": 0, "emitted": 10, "draft_seconds": 0.0,
+                  "verify_seconds": pytest.approx(0.02)}
+    sp = harness.decode_rounds([result([(4, 4, 5.0, 9.0), (4, 2, 0.001, 0.004)]),
+                                result([(4, 0, 5.0, 9.0), (2, 2, 0.0005, 0.003)])])
+    assert sp["rounds"] == 2 and sp["positions"] == 6 and sp["emitted"] == 6
+    lp = harness.loop_costs(sp, ar)
+    assert lp["step_s"] == pytest.approx(0.002)
+    assert lp["verify_ratio"] == pytest.approx(0.0035 / 0.002)  # a round's call: 1.75 steps
+    assert lp["c"] == pytest.approx(0.0015 / 6 / 0.002)
+    assert lp["gamma"] == 3
+    assert harness.loop_costs(harness.decode_rounds([result([(0, 0, 0.0, 1.0)])]), ar) is None

@@ -67,6 +67,7 @@ from .harness import (
     encode_prompts,
     expected_tokens_per_call,
     load_prompts,
+    loop_costs,
     machine_info,
     median,
     memory_floor,
@@ -735,6 +736,12 @@ def _derive(report: dict, gamma) -> None:
         "rest_of_step_s": rest,
         "rest_of_step_share": max(rest, 0.0) / ar_step_s,
     }
+    loop = loop_costs(sp["decode_rounds"], ar["decode_rounds"])
+    if loop is not None:  # the costs the loop paid: what remains of the gap is outside rounds
+        loop["predicted_speedup"] = predicted_speedup_measured_verify(
+            alpha, loop["gamma"], loop["c"], loop["verify_ratio"])
+        loop["speedup_over_predicted"] = speedup / loop["predicted_speedup"]
+    report["theory"]["loop"] = loop
     a = costs["arithmetic_per_token_s"]
     if a is not None and verify_ratio is not None:
         # the verify call at no less than its arithmetic: the theorem's speedup with that cost
@@ -891,6 +898,14 @@ def format_report(report: dict) -> str:
             f"{th['verify_ratio']:.2f} in place of 1: predicted "
             f"{th['predicted_speedup_measured_verify']:.2f}x, measured = "
             f"{th['speedup_over_predicted_measured_verify']:.2f} of it")
+    if th.get("loop") is not None:
+        lp = th["loop"]
+        lines.append(
+            f"  with the costs the decode loop paid (its rounds' own timers; a step "
+            f"{lp['step_s'] * ms:.3f} ms): a round's target call, head and verify "
+            f"{lp['verify_ratio']:.2f} steps, c = {lp['c']:.3f} a draft, g = {lp['gamma']:.2f}: "
+            f"predicted {lp['predicted_speedup']:.2f}x, measured = "
+            f"{lp['speedup_over_predicted']:.2f} of it")
     if th.get("verify_ratio_arithmetic") is not None:
         lines.append(
             f"  with the verify call at its arithmetic alone, "

@@ -7,9 +7,11 @@ functions, so one quantity has one definition:
             (accepted + rejections): drafts after a round's first rejection are never tested,
             so accepted / drafted ("acceptance rate") understates it for gamma > 1.
   c         the cost of one draft step over one target step (Theorem 3.8), both timed as the
-            loop runs them (`round_costs`): gamma one-token draft steps in a row, then the
-            target's verify call of gamma + 1 tokens, then a one-token target step.
+            loops run them (`round_costs`): rounds of gamma one-token draft steps in a row,
+            then the target's verify call of gamma + 1 tokens; one-token target steps in a row.
   verify    t(gamma + 1 tokens in one target call) / t(1 token), from the same rounds.
+  in loop   the same two costs as the decode loop paid them, from its rounds' own timers
+            (`loop_costs`): what is left of the gap to the theorem lies outside the rounds.
   speedup   tokens/s of speculative over autoregressive decoding on the same prompts with the
             same settings, methods timed pass by pass in turn (`time_methods`).
   EOS       generation stops at the target's EOS ids from its config, as a user's would
@@ -312,10 +314,11 @@ def draft_step_model(drafter, target=None, draft_model=None, exit_layer: int | N
 
 def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
                 warmup: int = 3) -> dict[str, float]:
-    """The costs of a round, timed in the loop's order: gamma one-token draft steps in a row
-    (the draft's cache warm, its weights cold after the target's call, as in the loop), the
-    target's verify call of gamma + 1 tokens, then a one-token target step (an autoregressive
-    step). Caches are rolled back after each call, so every round sees `context` positions.
+    """The costs of a round, timed in the loops' orders: speculative rounds, each gamma one-token
+    draft steps in a row then the target's verify call of gamma + 1 tokens (the target's weights
+    as cold as the drafting leaves them), then as many one-token target steps in a row (as
+    autoregressive decoding runs them). Caches are rolled back after each call, so every round
+    sees `context` positions.
 
     draft: a model-like object (forward/new_cache) or None (no draft forward: c = 0).
     Returns {"target_step_s", "draft_step_s", "verify_s", "c", "verify_ratio"}: medians over
@@ -332,30 +335,24 @@ def round_costs(target, draft, gamma: int, context: int = 64, repeats: int = 20,
     if draft is not None:
         dc = draft.new_cache(context + gamma)
         draft.forward(ids[:context], dc)
-    steps, drafts, verifies = [], [], []
-    for i in range(warmup + repeats):
-        t_draft = 0.0
-        for j in range(gamma if dc is not None else 0):
-            t0 = time.perf_counter()
-            draft.forward([ids[context + j]], dc)
-            _sync(draft)
-            t_draft += time.perf_counter() - t0
-        if dc is not None:
-            dc.rollback(context)
+
+    def timed(model, tokens, cache) -> float:
         t0 = time.perf_counter()
-        target.forward(ids[context:context + gamma + 1], tc)
-        _sync(target)
-        t1 = time.perf_counter()
-        tc.rollback(context)
-        target.forward(ids[context:context + 1], tc)
-        _sync(target)
-        t2 = time.perf_counter()
-        tc.rollback(context)
+        model.forward(tokens, cache)
+        _sync(model)
+        cache.rollback(context)
+        return time.perf_counter() - t0
+
+    drafts, verifies = [], []
+    for i in range(warmup + repeats):
+        t_draft = sum(timed(draft, [ids[context + j]], dc)
+                      for j in range(gamma if dc is not None else 0))
+        t_verify = timed(target, ids[context:context + gamma + 1], tc)
         if i >= warmup:
             drafts.append(t_draft / gamma)
-            verifies.append(t1 - t0)
-            steps.append(t2 - t1)
-    step, draft_step, verify = median(steps), median(drafts), median(verifies)
+            verifies.append(t_verify)
+    steps = [timed(target, ids[context:context + 1], tc) for _ in range(warmup + repeats)]
+    step, draft_step, verify = median(steps[warmup:]), median(drafts), median(verifies)
     return {"target_step_s": step, "draft_step_s": draft_step, "verify_s": verify,
             "c": draft_step / step, "verify_ratio": verify / step}
 
@@ -420,6 +417,7 @@ def time_methods(methods: dict, prompts, repeats: int, between=None, warmup=True
         if hasattr(results[0], "stats"):
             row["stats"] = sum_stats(results)
             row["decode_tokens_per_second"] = decode_rate(results)
+            row["decode_rounds"] = decode_rounds(results)
         out[name] = row
     return out
 
@@ -435,6 +433,38 @@ def decode_rate(results) -> float:
             tokens += len(r.tokens) - len(first.emitted)
             seconds += r.stats.total_seconds - first.draft_seconds - first.verify_seconds
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def decode_rounds(results) -> dict:
+    """The decode phase's rounds as the loop timed them (Round.draft_seconds, .verify_seconds:
+    the drafter's propose; the target call, the head, verify and accept), summed over every
+    round after each generation's first: {"rounds", "positions" (drafted), "emitted",
+    "draft_seconds", "verify_seconds"}. From one pass's GenerationResults."""
+    rounds = [rd for r in results for rd in r.stats.rounds[1:]]
+    return {"rounds": len(rounds), "positions": sum(rd.depth for rd in rounds),
+            "emitted": sum(len(rd.emitted) for rd in rounds),
+            "draft_seconds": sum(rd.draft_seconds for rd in rounds),
+            "verify_seconds": sum(rd.verify_seconds for rd in rounds)}
+
+
+def loop_costs(speculative: dict, autoregressive: dict) -> dict | None:
+    """The costs of a round as the decode loop paid them, in decode steps as the loop paid them
+    (an autoregressive round's verify_seconds: the target's step, its head and draw), from two
+    `decode_rounds`: {"step_s", "verify_ratio" (a speculative round's target call, head and
+    verify / a step), "c" (a draft position's share of propose / a step), "gamma" (positions
+    drafted a round)}; None without decode rounds on either side.
+
+    round_costs times the same calls back to back; where a verify call costs more in the loop
+    than there, the weights went colder while the drafter ran (see docs/benchmarks.md)."""
+    if not (speculative["rounds"] and autoregressive["rounds"] and speculative["positions"]):
+        return None
+    step = autoregressive["verify_seconds"] / autoregressive["rounds"]
+    if step <= 0:
+        return None
+    n = speculative["rounds"]
+    return {"step_s": step, "verify_ratio": speculative["verify_seconds"] / n / step,
+            "c": speculative["draft_seconds"] / speculative["positions"] / step,
+            "gamma": speculative["positions"] / n}
 
 
 def sum_stats(results) -> dict:
