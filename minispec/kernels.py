@@ -16,23 +16,27 @@ from types import SimpleNamespace
 import numpy as np
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
-_zero = _load = _fma = _store = _dot = None  # numba functions on 64 lanes (see _lanes_intrinsics)
+_zero = _load = _fma = _store = _dot = _prefetch = None  # numba functions on 64 lanes (see
+# _lanes_intrinsics)
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
+_AHEAD = 0  # bytes of a tile a pass of several rows asks the memory for ahead (see _ahead)
 
 LANES = 64  # outputs per tile: a weight's tile is [D_in, 64], 4 vector registers of 16 floats
 
 
 def compiled() -> SimpleNamespace | None:
     """The compiled loops (None without numba): product(x, tiles, y) (and product_rows(x, tiles,
-    y, narrow_from), the same with the narrow pass from that many rows on), rms_norm, rope_store,
+    y, narrow_from, ahead), the same with the narrow pass from that many rows on and `ahead` bytes
+    prefetched; `narrow_from` and `ahead` the machine's choices), rms_norm, rope_store,
     attention, block_front and batch_front, each named below without its underscore, and
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
+    global _prefetch, _AHEAD
     if _KERNELS is None:
         try:
             import numba
@@ -40,15 +44,16 @@ def compiled() -> SimpleNamespace | None:
             _KERNELS = False
             return None
         jit = numba.njit(fastmath=True, cache=True)
-        _zero, _load, _fma, _store, _dot = _lanes_intrinsics(numba)
-        _zero16, _load16, _fma16, _store16, _ = _lanes_intrinsics(numba, 16)
-        _NARROW_FROM = _narrow_from(numba)  # read once, when _product_kernel compiles
+        _zero, _load, _fma, _store, _dot, _prefetch = _lanes_intrinsics(numba)
+        _zero16, _load16, _fma16, _store16, _, _ = _lanes_intrinsics(numba, 16)
+        _NARROW_FROM, _AHEAD = _narrow_from(numba), _ahead()  # read once, when _product_kernel
+        # compiles (numba's cache keeps machine code per CPU: the same choices there)
         _tile, _tile16, _rows = jit(_tile_kernel), jit(_tile16_kernel), jit(_rows_kernel)
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
-                                   narrow_from=_NARROW_FROM, rope_store=_rope,
+                                   narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List)
     return _KERNELS or None
@@ -83,32 +88,38 @@ def tiles(wt: np.ndarray) -> np.ndarray:
 
 def _product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
     # y [T, D_out] = x [T, D_in] float32 times the weight whose `tiles` [N, D_in, 64] these are
-    _rows(x, tiles, y, max(_NARROW_FROM, 0))  # as an int, not the global's constant: the
-    # signature tests/test_backend.py's product_rows calls use too (one compile, not two)
+    _rows(x, tiles, y, max(_NARROW_FROM, 0), max(_AHEAD, 0))  # as ints, not the globals'
+    # constants: the signature tests/test_backend.py's product_rows calls use too (one compile)
 
 
-def _rows_kernel(x, tiles, y, narrow_from):  # pragma: no cover - runs compiled
+def _rows_kernel(x, tiles, y, narrow_from, ahead):  # pragma: no cover - runs compiled
     # the same, a pass of n rows taking the narrow tile when n >= narrow_from; the first pass over
     # a tile then sends its first row through the wide tile alone, which reads the tile from
-    # memory in order, and the narrow tile's four sweeps find it in the L2 cache
+    # memory in order, and the narrow tile's four sweeps find it in the L2 cache. With several
+    # rows, the first pass over each tile asks for the tile's rows `ahead` bytes on (0: never)
     t = x.shape[0]
+    rows_ahead = ahead // (tiles.shape[2] * tiles.itemsize) if t > 1 else 0
     for k in range(tiles.shape[0]):
         for r in range(0, t, 6):
             n = min(6, t - r)
             if n < narrow_from:
-                _tile(x, tiles[k], y, r, n, k * 64)
+                _tile(x, tiles[k], y, r, n, k * 64, rows_ahead if r == 0 else 0)
             elif r == 0:  # r, r + 1, min(n, 1): 0, 1, 1 as numba's ints, not constants (a
                 # constant argument would have numba compile the tile once more, for it alone)
-                _tile(x, tiles[k], y, r, min(n, 1), k * 64)
+                _tile(x, tiles[k], y, r, min(n, 1), k * 64, rows_ahead)
                 _tile16(x, tiles[k], y, r + 1, n - 1, k * 64)
             else:
                 _tile16(x, tiles[k], y, r, n, k * 64)
 
 
-def _tile_kernel(x, tile, y, r, n, col):  # pragma: no cover - runs compiled
-    # rows r..r+n-1 (n <= 6) of x times one tile [D_in, 64] -> y[r.., col:col + 64]
+def _tile_kernel(x, tile, y, r, n, col, ahead):  # pragma: no cover - runs compiled
+    # rows r..r+n-1 (n <= 6) of x times one tile [D_in, 64] -> y[r.., col:col + 64]; ahead > 0:
+    # each step also asks the memory for the tile's row `ahead` rows on (past the tile's end: the
+    # next tile's, or nothing; a prefetch never faults and changes no value)
     s0 = s1 = s2 = s3 = s4 = s5 = _zero()
     for i in range(tile.shape[0]):
+        if ahead > 0:  # the same for every i
+            _prefetch(tile, i + ahead)
         w = _load(tile, i)  # 64 weights, widened to float32
         s0 = _fma(s0, w, x[r, i])
         if n > 1:  # the same for every i: the branch predictor always guesses it
@@ -178,6 +189,25 @@ def _narrow_from(numba) -> int:
     if features is None:
         features = binding.get_host_cpu_features().flatten()
     return 7 if "+avx512f" in features.split(",") else 4
+
+
+AHEAD_BYTES = 768  # how far ahead a pass of several rows prefetches, where it does (_ahead)
+
+
+def _ahead() -> int:
+    """How many bytes of a tile a pass of several rows asks the memory for ahead of its reading
+    (llvm.prefetch): AHEAD_BYTES on an Intel CPU with AVX-512, else 0 (never). On an AVX-512
+    Xeon guest (2026-12-06) the hardware's prefetcher left a pass of 5 rows, which does 5 rows'
+    fused multiply-adds per weight, reading more slowly than one row does: SmolLM2's products
+    in bfloat16, 22 ms for one row, took 33-35 ms for five, and 27-28 ms asking 512-1,024 bytes
+    ahead (1,536 or more: no better than none); on an AVX-512 EPYC asking 1-8 KB ahead made
+    every pass of 2-6 rows slower (weights/README.md, "Prefetching a tile's rows ahead").
+    AMD's CPUs are told apart by their SSE4a, which Intel's lack."""
+    from llvmlite import binding
+    from numba.core import config
+
+    features = (config.CPU_FEATURES or binding.get_host_cpu_features().flatten()).split(",")
+    return AHEAD_BYTES if "+avx512f" in features and "+sse4a" not in features else 0
 
 
 def _lanes_intrinsics(numba, width=LANES):
@@ -281,6 +311,26 @@ def _lanes_intrinsics(numba, width=LANES):
         return types.void(y, r, col, s), codegen
 
     @intrinsic
+    def prefetch(typingctx, tile, i):  # a hint that tile[i, :] will be read soon: no value
+        def codegen(context, builder, sig, args):
+            arr = context.make_array(sig.args[0])(context, builder, args[0])
+            row = cgutils.get_item_pointer(context, builder, sig.args[0], arr,
+                                           [args[1], ir.Constant(ir.IntType(64), 0)],
+                                           wraparound=False)  # i may point past the tile
+            i8p = ir.IntType(8).as_pointer()
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0" if getattr(row.type, "is_opaque", False)
+                else "llvm.prefetch.p0i8")
+            start = builder.bitcast(row, i8p)
+            for byte in range(0, width * sig.args[0].dtype.bitwidth // 8, 64):  # its lines
+                # read (0), keep in every cache level (3), data (1)
+                builder.call(fn, [builder.gep(start, [i32(byte)]), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(tile, i), codegen
+
+    @intrinsic
     def dot(typingctx, a, b):
         def codegen(context, builder, sig, args):
             x = builder.fmul(args[0], args[1])
@@ -298,7 +348,7 @@ def _lanes_intrinsics(numba, width=LANES):
 
         return types.float32(a, b), codegen
 
-    return zero, load if width == LANES else load_at, fma, store, dot
+    return zero, load if width == LANES else load_at, fma, store, dot, prefetch
 
 
 # ---- the pieces of a block -------------------------------------------------------------------

@@ -144,12 +144,36 @@ def test_the_narrow_pass_gives_the_wide_passs_bits(stored):
         x = RNG.standard_normal((13, w.shape[0]), dtype=np.float32)
         for t in range(1, 14):
             wide, narrow, mixed = (np.full((t, w.shape[1]), np.nan, np.float32) for _ in "abc")
-            loops.product_rows(x[:t], tiles, wide, 7)  # 64 lanes in every pass
-            loops.product_rows(x[:t], tiles, narrow, 2)  # 16 lanes for 1..6 rows, over 1..13
-            loops.product_rows(x[:t], tiles, mixed, 4)  # AVX2's: row 0 wide, then 16 lanes
+            loops.product_rows(x[:t], tiles, wide, 7, 0)  # 64 lanes in every pass
+            loops.product_rows(x[:t], tiles, narrow, 2, 0)  # 16 lanes for 1..6 rows, over 1..13
+            loops.product_rows(x[:t], tiles, mixed, 4, 0)  # AVX2's: row 0 wide, then 16 lanes
             np.testing.assert_array_equal(narrow, wide)
             np.testing.assert_array_equal(mixed, wide)
             np.testing.assert_array_equal(matmul(x[:t], w), wide)
+
+
+@needs_numba
+@pytest.mark.parametrize("stored", [None, as_bf16])
+def test_prefetching_ahead_changes_no_bit(stored):
+    # a pass of several rows may ask for the tile's rows some bytes ahead (the machine's choice,
+    # kernels.ahead): a hint to the memory, past the tile's end and the weight's too
+    from minispec.kernels import AHEAD_BYTES, compiled
+
+    loops = compiled()
+    assert loops.ahead in (0, AHEAD_BYTES)
+    for name in SHAPES:
+        w = weight(*SHAPES[name])
+        w = w if stored is None else stored(w)
+        tiles = kernel_weight(w)
+        x = RNG.standard_normal((13, w.shape[0]), dtype=np.float32)
+        for t in (1, 2, 5, 7, 13):
+            plain = np.full((t, w.shape[1]), np.nan, np.float32)
+            loops.product_rows(x[:t], tiles, plain, 7, 0)
+            for ahead in (AHEAD_BYTES, 64, 1 << 20):
+                for narrow_from in (7, 4):
+                    y = np.full((t, w.shape[1]), np.nan, np.float32)
+                    loops.product_rows(x[:t], tiles, y, narrow_from, ahead)
+                    np.testing.assert_array_equal(y, plain)
 
 
 @needs_numba
