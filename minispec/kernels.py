@@ -182,13 +182,18 @@ def _narrow_from(numba) -> int:
     EPYC, SmolLM2's matrices of 12 layers from memory, float32, 4 rows took 24.2 ms in the
     wide pass and 19.7 in the narrow, 5 rows 29.9 and 26.5, 3 rows 16.1 and 18.8: weights/
     README.md), else 7 (never: AVX-512's 32 registers of 16 hold 6 rows of 64 sums)."""
+    return 7 if "+avx512f" in _cpu_features() else 4
+
+
+def _cpu_features() -> list[str]:
+    """The features of the CPU numba compiles for: NUMBA_CPU_FEATURES, else the host's."""
     from llvmlite import binding
     from numba.core import config
 
-    features = config.CPU_FEATURES  # what numba compiles for: NUMBA_CPU_FEATURES, else the host's
+    features = config.CPU_FEATURES
     if features is None:
         features = binding.get_host_cpu_features().flatten()
-    return 7 if "+avx512f" in features.split(",") else 4
+    return features.split(",")
 
 
 AHEAD_BYTES = 768  # how far ahead a pass of several rows prefetches, where it does (_ahead)
@@ -200,13 +205,10 @@ def _ahead() -> int:
     Xeon guest (2026-12-06) the hardware's prefetcher left a pass of 5 rows, which does 5 rows'
     fused multiply-adds per weight, reading more slowly than one row does: SmolLM2's products
     in bfloat16, 22 ms for one row, took 33-35 ms for five, and 27-28 ms asking 512-1,024 bytes
-    ahead (1,536 or more: no better than none); on an AVX-512 EPYC asking 1-8 KB ahead made
+    ahead (28-32 ms asking 1.5-3 KB ahead); on an AVX-512 EPYC asking 1-8 KB ahead made
     every pass of 2-6 rows slower (weights/README.md, "Prefetching a tile's rows ahead").
     AMD's CPUs are told apart by their SSE4a, which Intel's lack."""
-    from llvmlite import binding
-    from numba.core import config
-
-    features = (config.CPU_FEATURES or binding.get_host_cpu_features().flatten()).split(",")
+    features = _cpu_features()
     return AHEAD_BYTES if "+avx512f" in features and "+sse4a" not in features else 0
 
 
