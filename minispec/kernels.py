@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
-_zero = _load = _fma = _store = _dot = _prefetch = None  # numba functions on 64 lanes (see
-# _lanes_intrinsics)
+# numba functions on 64 lanes (see _lanes_intrinsics)
+_zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -64,7 +64,8 @@ def tiles(wt: np.ndarray) -> np.ndarray:
     (float32, or a 16-bit weight's bits): [ceil(D_out / 64), D_in, 64], tile k holding outputs
     64k..64k+63 (zeros past D_out), each input's 64 weights side by side. A tile's row i is
     one 64-lane vector, and the tiles follow one another: the product reads the whole weight as
-    one stream, which the CPU's own prefetcher follows."""
+    one stream, which the CPU's own prefetcher follows (a pass of several rows asks ahead too
+    where `_ahead` says so)."""
     d_out, d_in = wt.shape
     padded = np.zeros((-(-d_out // LANES) * LANES, d_in), wt.dtype)
     padded[:d_out] = wt
@@ -220,9 +221,10 @@ def _lanes_intrinsics(numba, width=LANES):
     for a float32 u, each lane one fused multiply-add (llvm.fma: one rounding); `_store(y, r,
     col, s)` y[r, col:col + 64] = s, the lanes past y's last column left out (a masked
     store); `_dot(a, b)` the float32 sum of a * b over the lanes, in a fixed tree (lane i plus
-    lane i + 32, then i + 16, ..., down to one). With width 16, the same on 16 lanes (`_zero16`
-    and so on), whose load takes the first column too: `_load16(tile, i, c)` is tile[i, c:c +
-    16]."""
+    lane i + 32, then i + 16, ..., down to one); `_prefetch(tile, i)` asks the memory for the
+    lines of tile[i, :] (llvm.prefetch: a hint, no value; i may point past the tile). With
+    width 16, the same on 16 lanes (`_zero16` and so on), whose load takes the first column
+    too: `_load16(tile, i, c)` is tile[i, c:c + 16]."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, models, register_model
