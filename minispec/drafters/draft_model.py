@@ -73,19 +73,19 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
         hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
         logits = heads(first, hs)  # [B_live, V_draft]: each sequence's last row
         probs = warp(logits)  # [B_live, V], in one call (warp works row by row)
+        # the draft's own (unwarped) distributions, for `stop` (see the class docstring)
+        own = None if stop is None else softmax(logits, 1.0)  # [B_live, V]
         for j, b in enumerate(live):
             drafters[b].calls += 1
             fed[b] = i  # drafts 0..i-1 are in the cache now
-            if stop is not None:  # see `stop` in the class docstring
-                own = softmax(logits[j], 1.0)  # the draft's own (unwarped) distribution
-                if sure[b] * own.max() < stop:
-                    todo[b] = i  # token i would not be kept often enough: end here
-                    continue
+            if own is not None and sure[b] * own[j].max() < stop:
+                todo[b] = i  # token i would not be kept often enough: end here
+                continue
             qs[b][i] = probs[j]  # [V]: only the row we sample from
             drafts[b][i] = sample(qs[b][i], rngs[b])
             feed[b] = [int(drafts[b][i])]
-            if stop is not None:
-                sure[b] *= float(own[drafts[b][i]])
+            if own is not None:
+                sure[b] *= float(own[j, drafts[b][i]])
                 if sure[b] < stop:  # no later token can pass: the same chain, sooner
                     todo[b] = i + 1
     out = []
