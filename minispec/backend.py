@@ -214,7 +214,9 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
-    _loops.product(np.ascontiguousarray(x), kernel_weight(w), y)
+    tiles = kernel_weight(w)
+    product = _loops.block_product if tiles.dtype == np.uint8 else _loops.product
+    product(np.ascontiguousarray(x), tiles, y)
     return y
 
 
@@ -228,7 +230,9 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
     first call for w and kept until w is freed, in an Arena: on 2 MB pages, one after the other
     in the order a step first multiplies them. From then on w (and the array it views) is
     read-only: a change in place would not reach the copy, so NumPy refuses it (to change a
-    weight, put a new array in the model's weights)."""
+    weight, put a new array in the model's weights). A weight given its GGUF blocks
+    (`keep_blocks`) has the blocks' tiles, made then (uint8: the block product reads them).
+    """
     key = id(w)
     hit = _TILES.get(key)
     if hit is not None and hit[0]() is w:
@@ -241,6 +245,48 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
         if isinstance(a, np.ndarray):
             a.flags.writeable = False
     return made
+
+
+# Weights kept as GGUF blocks. A model converted from a GGUF file (minispec.convert) holds its
+# weights in float32, the values gguf's dequantize gives; the blocks they came from (Q4_1: 5 bits
+# a weight, Q8_0: 8.5) hold the same values exactly, and the kernel's block product rebuilds
+# each one in a register (kernels.py, "weights kept as their GGUF blocks"): the same bits out,
+# for a fifth of the bytes read. loader.py hands each such weight its blocks here; the float32
+# weight stays the reference, NumPy's `x @ w`, and what a call of many rows (a prefill) reads.
+
+
+def keep_blocks(w: np.ndarray, blocks: np.ndarray) -> None:
+    """From now on the kernel reads the float32 weight w [D_in, D_out] (stored [D_out, D_in])
+    from its GGUF blocks, uint8 [D_out, D_in / 32, 20] (Q4_1) or [..., 34] (Q8_0), which must
+    hold exactly w's values (kernels.dequantize(blocks) == w.T: the caller checks): their
+    tiles (kernels.block_tiles) are made now, in the kernel's arena, in place of w's own."""
+    from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, block_tiles
+
+    d_in, d_out = w.shape
+    if not (w.dtype == np.float32 and blocks.dtype == np.uint8 and blocks.ndim == 3
+            and d_in % 32 == 0 and blocks.shape[:2] == (d_out, d_in // 32)
+            and blocks.shape[2] in (Q4_1_BLOCK, Q8_0_BLOCK) and w.T.flags.c_contiguous):
+        raise MinispecError(f"keep_blocks: expected blocks uint8 [{d_out}, {d_in // 32}, 20 or "
+                            f"34] for a float32 weight [{d_in}, {d_out}], got {blocks.dtype} "
+                            f"{list(blocks.shape)} for {w.dtype} {list(w.shape)}")
+    key = id(w)
+    made = _TILE_ARENA.put(block_tiles(blocks))
+    _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
+    for a in (w, w.base):  # read-only, as kernel_weight makes a weight it copies
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
+
+
+def kept_as_blocks(w) -> bool:
+    """Whether the kernel reads w from its GGUF blocks (keep_blocks)."""
+    hit = _TILES.get(id(w))
+    return hit is not None and hit[0]() is w and hit[1].dtype == np.uint8
+
+
+def stored_bytes(w) -> int:
+    """Bytes a product of one row reads for the weight w: its GGUF blocks' tiles where it has
+    them, else the array as held (float32, or 16-bit as stored)."""
+    return int(_TILES[id(w)][1].nbytes) if kept_as_blocks(w) else int(w.size) * w.dtype.itemsize
 
 
 @contextlib.contextmanager

@@ -20,6 +20,8 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+# numba functions reading GGUF blocks (see _block_intrinsics), and the block products
+_halves = _nibbles = _bytes = _fmav = _mulv = _q4_tile = _q8_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
 _AHEAD = 0  # bytes of a tile a pass of several rows asks the memory for ahead (see _ahead)
 
@@ -33,10 +35,11 @@ def compiled() -> SimpleNamespace | None:
     attention, block_front and batch_front, each named below without its underscore, and
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
-    after the first run on a machine."""
+    after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
+    its GGUF blocks (block_tiles)."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
-    global _prefetch, _AHEAD
+    global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _q4_tile, _q8_tile
     if _KERNELS is None:
         try:
             import numba
@@ -44,18 +47,21 @@ def compiled() -> SimpleNamespace | None:
             _KERNELS = False
             return None
         jit = numba.njit(fastmath=True, cache=True)
-        _zero, _load, _fma, _store, _dot, _prefetch = _lanes_intrinsics(numba)
-        _zero16, _load16, _fma16, _store16, _, _ = _lanes_intrinsics(numba, 16)
+        _zero, _load, _fma, _store, _dot, _prefetch, lanes = _lanes_intrinsics(numba)
+        _zero16, _load16, _fma16, _store16, _, _, _ = _lanes_intrinsics(numba, 16)
+        _halves, _nibbles, _bytes, _fmav, _mulv = _block_intrinsics(numba, lanes)
         _NARROW_FROM, _AHEAD = _narrow_from(numba), _ahead()  # read once, when _product_kernel
         # compiles (numba's cache keeps machine code per CPU: the same choices there)
         _tile, _tile16, _rows = jit(_tile_kernel), jit(_tile16_kernel), jit(_rows_kernel)
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
+        _q4_tile, _q8_tile = jit(_q4_tile_kernel), jit(_q8_tile_kernel)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
-                                   batch_front=jit(_batch_front), typed_list=numba.typed.List)
+                                   batch_front=jit(_batch_front), typed_list=numba.typed.List,
+                                   block_product=jit(_block_product_kernel))
     return _KERNELS or None
 
 
@@ -224,7 +230,8 @@ def _lanes_intrinsics(numba, width=LANES):
     lane i + 32, then i + 16, ..., down to one); `_prefetch(tile, i)` asks the memory for the
     lines of tile[i, :] (llvm.prefetch: a hint, no value; i may point past the tile). With
     width 16, the same on 16 lanes (`_zero16` and so on), whose load takes the first column
-    too: `_load16(tile, i, c)` is tile[i, c:c + 16]."""
+    too: `_load16(tile, i, c)` is tile[i, c:c + 16]. The last of the seven: the numba type of
+    a value of lanes."""
     from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic, models, register_model
@@ -352,7 +359,209 @@ def _lanes_intrinsics(numba, width=LANES):
 
         return types.float32(a, b), codegen
 
-    return zero, load if width == LANES else load_at, fma, store, dot, prefetch
+    return zero, load if width == LANES else load_at, fma, store, dot, prefetch, lanes
+
+
+# ---- weights kept as their GGUF blocks -------------------------------------------------------
+#
+# A GGUF file stores most matrices quantized in blocks of 32 weights along an output's inputs.
+# Q4_1: a float16 scale d, a float16 minimum m and 32 four-bit numbers q, the weight d * q + m;
+# Q8_0: d and 32 signed bytes, the weight d * q. gguf's dequantize computes those in float32,
+# and d * q is exact there (11 bits times 4 or 8), so d * q + m is one rounding: a fused
+# multiply-add of the same numbers gives the same float32. The block products below rebuild
+# each weight that way in a register, then multiply and accumulate exactly as the product of the
+# dequantized float32 weight does: the same bits out, reading 5 (Q4_1) or 8.5 (Q8_0) bits a
+# weight instead of 32. SmolLM2-135M's GGUF keeps its layers in Q4_1 and its embedding (the tied
+# LM head) in Q8_0: 96 MB a step instead of 538 MB.
+
+Q4_1_BLOCK, Q8_0_BLOCK = 20, 34  # bytes a block of 32 weights takes in a GGUF file
+Q4_1_TILE, Q8_0_TILE = 1280, 2176  # and a block tile (64 outputs x 32 inputs) in block_tiles
+
+
+def block_tiles(blocks: np.ndarray) -> np.ndarray:
+    """The layout the block product reads, for a weight [D_out, D_in] kept as its GGUF blocks,
+    blocks uint8 [D_out, D_in / 32, 20] (Q4_1) or [..., 34] (Q8_0), each row as in the file:
+    [ceil(D_out / 64), D_in / 32, bytes] (zeros past D_out), the 64 outputs of a tile side by
+    side for each block of 32 inputs: their 64 scales d (float16 bits), for Q4_1 their 64
+    minimums m, then for each of the 32 inputs the 64 outputs' numbers: Q4_1 as 32 bytes whose
+    low four bits are output j's and high four bits output j + 32's, Q8_0 as 64 bytes."""
+    d_out, nb, size = blocks.shape
+    nt = -(-d_out // LANES)
+    rows = np.zeros((nt * LANES, nb, size), np.uint8)
+    rows[:d_out] = blocks
+    rows = rows.reshape(nt, LANES, nb, size).transpose(0, 2, 1, 3)  # [nt, nb, 64, size]
+
+    def halves(at):  # the 64 outputs' float16 at bytes at, at + 1 -> 128 bytes
+        return np.ascontiguousarray(rows[..., at:at + 2]).reshape(nt, nb, 2 * LANES)
+
+    if size == Q4_1_BLOCK:
+        qs = rows[..., 4:]  # [nt, nb, 64, 16]: byte j holds weight j (low) and j + 16 (high)
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).transpose(0, 1, 3, 2)  # [.., 32 in, 64]
+        packed = q[..., :32] | (q[..., 32:] << 4)  # outputs j and j + 32 in one byte
+        return np.concatenate([halves(0), halves(2), packed.reshape(nt, nb, -1)], axis=2)
+    if size == Q8_0_BLOCK:
+        q = rows[..., 2:].transpose(0, 1, 3, 2)  # [nt, nb, 32 inputs, 64 outputs]
+        return np.concatenate([halves(0), np.ascontiguousarray(q).reshape(nt, nb, -1)], axis=2)
+    raise ValueError(f"block_tiles: blocks of {size} bytes (expected {Q4_1_BLOCK} or "
+                     f"{Q8_0_BLOCK})")
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+    """The float32 weight [D_out, D_in] of GGUF blocks [D_out, D_in / 32, 20 or 34], computed as
+    gguf's dequantize computes it: the reference of the block product."""
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)  # [.., nb, 1]
+    if blocks.shape[-1] == Q8_0_BLOCK:
+        q = blocks[..., 2:].view(np.int8).astype(np.float32)
+        return (q * d).reshape(blocks.shape[0], -1)
+    m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    qs = blocks[..., 4:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
+    return (d * q + m).reshape(blocks.shape[0], -1)
+
+
+def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
+    # y [T, D_out] = x [T, D_in] times the weight whose block_tiles these are, passes of up to 6
+    # rows as _rows_kernel's
+    t, q4 = x.shape[0], tiles.shape[2] == Q4_1_TILE
+    for k in range(tiles.shape[0]):
+        for r in range(0, t, 6):
+            if q4:
+                _q4_tile(x, tiles, y, k, r, min(6, t - r))
+            else:
+                _q8_tile(x, tiles, y, k, r, min(6, t - r))
+
+
+def _q4_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
+    # rows r..r+n-1 (n <= 6) times tile k of Q4_1 blocks -> y[r.., 64k:64k + 64]: each weight
+    # d * q + m in one fused multiply-add, then _tile_kernel's sums
+    s0 = s1 = s2 = s3 = s4 = s5 = _zero()
+    for b in range(tiles.shape[1]):
+        d, m = _halves(tiles, k, b, 0), _halves(tiles, k, b, 2 * LANES)
+        for j in range(32):
+            w = _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m)
+            i = 32 * b + j
+            s0 = _fma(s0, w, x[r, i])
+            if n > 1:
+                s1 = _fma(s1, w, x[r + 1, i])
+            if n > 2:
+                s2 = _fma(s2, w, x[r + 2, i])
+            if n > 3:
+                s3 = _fma(s3, w, x[r + 3, i])
+            if n > 4:
+                s4 = _fma(s4, w, x[r + 4, i])
+            if n > 5:
+                s5 = _fma(s5, w, x[r + 5, i])
+    col = k * LANES
+    _store(y, r, col, s0)
+    if n > 1:
+        _store(y, r + 1, col, s1)
+    if n > 2:
+        _store(y, r + 2, col, s2)
+    if n > 3:
+        _store(y, r + 3, col, s3)
+    if n > 4:
+        _store(y, r + 4, col, s4)
+    if n > 5:
+        _store(y, r + 5, col, s5)
+
+
+def _q8_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
+    # the same for Q8_0 blocks: each weight d * q
+    s0 = s1 = s2 = s3 = s4 = s5 = _zero()
+    for b in range(tiles.shape[1]):
+        d = _halves(tiles, k, b, 0)
+        for j in range(32):
+            w = _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d)
+            i = 32 * b + j
+            s0 = _fma(s0, w, x[r, i])
+            if n > 1:
+                s1 = _fma(s1, w, x[r + 1, i])
+            if n > 2:
+                s2 = _fma(s2, w, x[r + 2, i])
+            if n > 3:
+                s3 = _fma(s3, w, x[r + 3, i])
+            if n > 4:
+                s4 = _fma(s4, w, x[r + 4, i])
+            if n > 5:
+                s5 = _fma(s5, w, x[r + 5, i])
+    col = k * LANES
+    _store(y, r, col, s0)
+    if n > 1:
+        _store(y, r + 1, col, s1)
+    if n > 2:
+        _store(y, r + 2, col, s2)
+    if n > 3:
+        _store(y, r + 3, col, s3)
+    if n > 4:
+        _store(y, r + 4, col, s4)
+    if n > 5:
+        _store(y, r + 5, col, s5)
+
+
+def _block_intrinsics(numba, lanes):
+    """numba functions for the block products, on the 64-lane values of _lanes_intrinsics
+    (`lanes`, their numba type): `_halves(tiles, k, b, at)` the 64 float16 at byte `at` of
+    tiles[k, b] as float32 (exact); `_nibbles(tiles, k, b, at)` the 64 four-bit numbers of the
+    32 bytes at `at` (byte j: lane j low, lane j + 32 high) as float32; `_bytes(tiles, k, b,
+    at)` the 64 signed bytes at `at` as float32; `_fmav(a, b, c)` a * b + c, lane by lane, one
+    rounding (llvm.fma); `_mulv(a, b)` a * b."""
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    vec = ir.VectorType(f32, LANES)
+
+    def at(context, builder, sig, args, to):  # a pointer to tiles[k, b, at] as `to`
+        arr = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, args[1:4])
+        return builder.bitcast(ptr, to.as_pointer())
+
+    @intrinsic
+    def halves(typingctx, tiles, k, b, offset):
+        def codegen(context, builder, sig, args):
+            bits = ir.VectorType(ir.IntType(16), LANES)
+            raw = builder.load(at(context, builder, sig, args, bits), align=1)
+            return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), LANES)), vec)
+
+        return lanes(tiles, k, b, offset), codegen
+
+    @intrinsic
+    def nibbles(typingctx, tiles, k, b, offset):
+        def codegen(context, builder, sig, args):
+            packed = ir.VectorType(ir.IntType(8), LANES // 2)
+            raw = builder.load(at(context, builder, sig, args, packed), align=1)
+            low = builder.and_(raw, ir.Constant(packed, [15] * (LANES // 2)))
+            high = builder.lshr(raw, ir.Constant(packed, [4] * (LANES // 2)))
+            both = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(i32, LANES),
+                                                                 list(range(LANES))))
+            return builder.uitofp(builder.zext(both, ir.VectorType(i32, LANES)), vec)
+
+        return lanes(tiles, k, b, offset), codegen
+
+    @intrinsic
+    def signed_bytes(typingctx, tiles, k, b, offset):
+        def codegen(context, builder, sig, args):
+            raw = builder.load(at(context, builder, sig, args, ir.VectorType(ir.IntType(8),
+                                                                               LANES)), align=1)
+            return builder.sitofp(builder.sext(raw, ir.VectorType(i32, LANES)), vec)
+
+        return lanes(tiles, k, b, offset), codegen
+
+    @intrinsic
+    def fmav(typingctx, a, b, c):
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{LANES}f32")
+            return builder.call(fn, list(args))
+
+        return lanes(a, b, c), codegen
+
+    @intrinsic
+    def mulv(typingctx, a, b):
+        return lanes(a, b), lambda context, builder, sig, args: builder.fmul(*args)
+
+    return halves, nibbles, signed_bytes, fmav, mulv
 
 
 # ---- the pieces of a block -------------------------------------------------------------------

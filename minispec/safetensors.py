@@ -114,6 +114,16 @@ class SafetensorsFile:
         return raw.view("<i8" if info.dtype == "I64" else "<i4").reshape(info.shape).astype(
             np.int64)
 
+    def get_bytes(self, name: str) -> np.ndarray:
+        """The U8 tensor `name` (a copy in memory): bytes, never weights of their own."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise MinispecError(f"{self.path}: no tensor named {name!r}")
+        if info.dtype != "U8":
+            raise MinispecError(f"{self.path}: tensor {name!r} has dtype {info.dtype}; expected "
+                                "bytes (U8)")
+        return np.array(self._data()[info.begin:info.end]).reshape(info.shape)
+
 
 def _read_header(path: Path) -> tuple[dict[str, str], dict[str, TensorInfo], int]:
     if path.exists() and not path.is_file():
@@ -287,8 +297,8 @@ class Checkpoint:
 
 def save_file(tensors: dict[str, np.ndarray], path: str | Path, *, bf16: bool = False,
               metadata: dict[str, str] | None = None) -> None:
-    """Write float32 / float16 (and int64) arrays as a .safetensors file (float32 stored as BF16
-    if `bf16`)."""
+    """Write float32 / float16 (and int64, uint8) arrays as a .safetensors file (float32 stored
+    as BF16 if `bf16`)."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     blobs, offset = [], 0
     for name, a in tensors.items():
@@ -300,9 +310,11 @@ def save_file(tensors: dict[str, np.ndarray], path: str | Path, *, bf16: bool = 
                                                                                   a.astype("<f2"))
         elif a.dtype == np.int64:  # ids (a draft vocabulary), never weights
             dtype, data = "I64", a.astype("<i8")
+        elif a.dtype == np.uint8:  # bytes (a GGUF file's blocks: minispec.convert)
+            dtype, data = "U8", a
         else:
             raise MinispecError(f"save_file: tensor {name!r} has dtype {a.dtype}; expected "
-                                "float32, float16 or int64")
+                                "float32, float16, int64 or uint8")
         raw = np.ascontiguousarray(data).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape),
                         "data_offsets": [offset, offset + len(raw)]}
