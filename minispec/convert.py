@@ -10,6 +10,13 @@ change llama.cpp makes to llama checkpoints (the rows of the query and key proje
 the GGUF. It writes config.json, generation_config.json, model.safetensors (float32, or BF16 with
 --bf16), tokenizer.json and tokenizer_config.json. Offline, a few seconds for a 135M model.
 
+The float32 weights are the values the file's quantized blocks hold. Its Q4_1 and Q8_0 blocks
+(a 4- or 8-bit number per weight, a float16 scale per 32) are written too, as they are, into
+gguf_blocks.safetensors (loader.GGUF_BLOCKS; bytes under the matrices' Hugging Face names, the
+query and key rows reordered like the weights): on the CPU minispec.load hands them to the
+few-rows kernel, which rebuilds each weight in a register and gives the same logits, bit for
+bit, reading 96 MB a step for SmolLM2-135M instead of 538 MB (backend.keep_blocks).
+
 Supported: general.architecture "llama" (Llama, SmolLM, TinyLlama, Mistral-style checkpoints
 llama.cpp stores as llama), "qwen2" (Qwen2, Qwen2.5) and "qwen3", with a byte-level BPE vocabulary
 (tokenizer.ggml.model "gpt2") whose pre-tokenizer (tokenizer.ggml.pre) is in PRE_TOKENIZERS, or a
@@ -32,7 +39,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import MinispecError
-from .loader import hf_shapes
+from .loader import GGUF_BLOCKS, hf_shapes
 from .safetensors import save_file
 
 # general.architecture -> the Hugging Face class and model_type it becomes
@@ -102,6 +109,23 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         tensors[t.name] = np.asarray(a, dtype=np.float32).reshape(
             [int(n) for n in reversed(t.shape)])
     return meta, tensors
+
+
+BLOCK_TYPES = {"Q4_1": 20, "Q8_0": 34}  # the GGUF block formats the kernel reads: bytes a block
+
+
+def read_gguf_blocks(path: str | Path) -> dict[str, np.ndarray]:
+    """The matrices a GGUF file stores as Q4_1 or Q8_0 blocks, as they are: name -> uint8
+    [D_out, D_in / 32, bytes of a block] (read_gguf has checked the file)."""
+    import gguf
+
+    out = {}
+    for t in gguf.GGUFReader(Path(path)).tensors:
+        size = BLOCK_TYPES.get(t.tensor_type.name)
+        if size is not None and len(t.shape) == 2:
+            d_in, d_out = int(t.shape[0]), int(t.shape[1])
+            out[t.name] = np.array(t.data, dtype=np.uint8).reshape(d_out, d_in // 32, size)
+    return out
 
 
 # ---- config ------------------------------------------------------------------------------------
@@ -209,13 +233,11 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))  # [H, 2, E/2, ...] -> [H*E, ...]
 
 
-def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
-               source: str) -> dict[str, np.ndarray]:
-    """The GGUF's tensors under their Hugging Face names, q/k rows unpermuted (llama only: for
-    qwen2 and qwen3 llama.cpp keeps Hugging Face's rotate-half layout), shapes checked."""
+def _hf_named(config: dict[str, Any], tensors: dict[str, np.ndarray], source: str):
+    """(Hugging Face name, tensor) for each GGUF tensor, the rows of llama's q and k
+    unpermuted (any trailing axes: weights, or their blocks along the rows)."""
     H, K = config["num_attention_heads"], config["num_key_value_heads"]
     permuted = config["model_type"] == "llama"
-    out = {}
     for name, w in tensors.items():
         m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
         if m and m.group(2) in _LAYER_NAMES:
@@ -230,7 +252,14 @@ def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
             raise MinispecError(f"{source}: tensor {name!r} has no Hugging Face "
                                 f"{config['model_type']} counterpart; minispec.convert does not "
                                 f"know it")
-        out[hf] = w
+        yield hf, w
+
+
+def hf_tensors(config: dict[str, Any], tensors: dict[str, np.ndarray],
+               source: str) -> dict[str, np.ndarray]:
+    """The GGUF's tensors under their Hugging Face names, q/k rows unpermuted (llama only: for
+    qwen2 and qwen3 llama.cpp keeps Hugging Face's rotate-half layout), shapes checked."""
+    out = dict(_hf_named(config, tensors, source))
     shapes = hf_shapes(ModelConfig.from_hf(config, f"{source} (its metadata)"))
     for name, shape in shapes.items():
         if name not in out:
@@ -397,11 +426,31 @@ def convert_gguf(path: str | Path, out_dir: str | Path, *, bf16: bool = False) -
         (out_dir / name).write_text(json.dumps(doc, indent=2) + "\n")
     save_file(weights, out_dir / "model.safetensors", bf16=bf16,
               metadata={"format": "pt", "source": f"minispec.convert from {path.name}"})
+    if not bf16:
+        write_blocks(path, out_dir, config)
     if tok is not None:
         tok.save(str(out_dir / "tokenizer.json"))
         doc = tokenizer_config(meta, config["max_position_embeddings"])
         (out_dir / "tokenizer_config.json").write_text(json.dumps(doc, indent=2) + "\n")
     return out_dir
+
+
+def write_blocks(path: str | Path, out_dir: str | Path, config: dict[str, Any] | None = None
+                 ) -> Path | None:
+    """Write the GGUF file's Q4_1 and Q8_0 matrices, as they are, into out_dir/GGUF_BLOCKS
+    beside its float32 conversion (the module docstring) -> that file, or None if the GGUF
+    has no such matrix. config: the conversion's config.json (read from out_dir if None)."""
+    path, out_dir = Path(path), Path(out_dir)
+    if config is None:
+        config = json.loads((out_dir / "config.json").read_text())
+    blocks = dict(_hf_named(config, read_gguf_blocks(path), str(path)))
+    if not blocks:
+        return None
+    out, part = out_dir / GGUF_BLOCKS, out_dir / (GGUF_BLOCKS + ".part")
+    save_file(blocks, part, metadata={"format": "gguf blocks",
+                                      "source": f"minispec.convert from {path.name}"})
+    part.rename(out)  # whole or not at all: the loader checks every block it finds
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import shipped
-from .backend import BF16, F16, Arena, get_backend, kernel_available, to_host, widen
+from .backend import BF16, F16, Arena, get_backend, keep_blocks, kernel_available, to_host, widen
 from .config import ModelConfig, read_config, read_json
 from .core.model import Model
 from .errors import MinispecError
@@ -26,6 +26,7 @@ from .safetensors import SUPPORTED, Checkpoint, save_file
 from .tokenizer import Tokenizer
 
 # tensors some checkpoints carry that are buffers, not weights (recomputed or implied)
+GGUF_BLOCKS = "gguf_blocks.safetensors"  # a GGUF conversion's Q4_1/Q8_0 blocks (minispec.convert)
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
@@ -322,7 +323,9 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
 
     dtype: compute dtype, None -> float32 ("float16" is meant for the GPU); with None, a bfloat16
     checkpoint on the CPU keeps its matrices bfloat16 in memory (`_as_stored`: the same logits,
-    half the bytes read), dtype="float32" widens them at load. device: "auto" | "cpu" |
+    half the bytes read), dtype="float32" widens them at load; likewise a GGUF's conversion
+    with its blocks beside it (GGUF_BLOCKS) has the kernel read its Q4_1 and Q8_0 matrices as
+    they were stored (`_keep_gguf_blocks`). device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
     "shipped:target" (or "shipped:draft") names a shipped model from any directory.
     """
@@ -373,10 +376,55 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
             as_stored = _into(arena, as_stored)
     weights = _build_weights(config, get, put, prefix, as_stored)
     try:
-        return Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
-                     name=path.resolve().name)
+        model = Model(config, weights, xp=xp, device=dev, dtype=dt, tokenizer=tokenizer,
+                      name=path.resolve().name)
     except MinispecError as e:  # e.g. RoPE frequencies no float holds: name the file
         raise MinispecError(f"{path / 'config.json'}: {e}") from None
+    if (path / GGUF_BLOCKS).is_file() and xp is np and dtype is None and kernel_available():
+        _keep_gguf_blocks(model, path / GGUF_BLOCKS)
+    return model
+
+
+def _keep_gguf_blocks(model: Model, path: Path) -> None:
+    """The few-rows kernel reads each matrix `path` (minispec.convert's GGUF_BLOCKS beside a
+    GGUF's float32 conversion) holds from its Q4_1 or Q8_0 blocks (backend.keep_blocks): the
+    same values, a fifth of the bytes a step reads. Every matrix is checked to hold, bit for
+    bit, the weights model.safetensors gave (a MinispecError naming the file otherwise: blocks
+    of another conversion); the float32 weights stay the reference and the prefill's."""
+    from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, dequantize
+    from .safetensors import SafetensorsFile
+
+    f, c, w = SafetensorsFile(path), model.config, model.weights
+
+    def take(names: list[str], weight) -> None:
+        if weight is None or not all(n in f for n in names):
+            return
+        parts = [f.get_bytes(n) for n in names]  # [rows, D_in / 32, bytes] each, along D_out
+        d_in, d_out = weight.shape
+        for n, b in zip(names, parts):
+            if (b.ndim != 3 or b.shape[1] * 32 != d_in or b.shape[2] != parts[0].shape[2]
+                    or b.shape[2] not in (Q4_1_BLOCK, Q8_0_BLOCK)):
+                raise MinispecError(f"{path}: tensor {n!r} has shape {list(b.shape)}, expected "
+                                    f"[rows, {d_in // 32}, {Q4_1_BLOCK} or {Q8_0_BLOCK}] (GGUF "
+                                    f"blocks of a weight of {d_in} inputs)")
+        blocks = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        with np.errstate(all="ignore"):  # a corrupt scale (NaN) fails the comparison below
+            values = dequantize(blocks) if blocks.shape[0] == d_out else None
+        if values is None or not np.array_equal(values.view(np.uint32),
+                                                weight.T.view(np.uint32)):
+            raise MinispecError(f"{path}: the blocks of {names[0]!r} do not hold the weights "
+                                f"of model.safetensors (a conversion of another file?); remove "
+                                f"{path.name} or convert again")
+        keep_blocks(weight, blocks)
+
+    for i, layer in enumerate(w["layers"]):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        take([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], layer["wqkv"])
+        take([a + "o_proj.weight"], layer["wo"])
+        for n in ("gate", "up", "down"):
+            take([m + f"{n}_proj.weight"], layer[f"w_{n}"])
+    take(["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"],
+         w["lm_head"])
 
 
 def _finite_getter(ckpt):

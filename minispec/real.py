@@ -85,7 +85,8 @@ def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = Fa
     """The Hugging Face directory `cache` holding the conversion of `gguf` (float32, or bfloat16
     if `bf16`): made once with `convert` (default minispec.convert.convert_gguf) into a temporary
     directory beside it, then renamed to `cache`; reused as it is when it already holds a
-    complete conversion of that file, made the same way.
+    complete conversion of that file, made the same way (a float32 one made before the GGUF's
+    blocks were written beside it gets them then: minispec.convert.write_blocks).
     """
     gguf, cache = Path(gguf), Path(cache).expanduser()
     if not gguf.is_file():
@@ -97,6 +98,16 @@ def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = Fa
         except (OSError, json.JSONDecodeError):
             source = None
         if source == _source(gguf, bf16):
+            from .loader import GGUF_BLOCKS
+
+            if convert is None and not bf16 and not (cache / GGUF_BLOCKS).is_file():
+                # a conversion made before minispec.convert wrote the GGUF's blocks beside it:
+                # add them (a second or two; without them, as in a cache one cannot write to,
+                # the model reads its float32 weights)
+                from .convert import write_blocks
+
+                with contextlib.suppress(OSError, ValueError):
+                    write_blocks(gguf, cache)
             return cache
         raise MinispecError(f"--cache {cache}: holds a conversion of {source} not of "
                             f"{_source(gguf, bf16)}; give another --cache or remove it")

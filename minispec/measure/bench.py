@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import KERNEL_MAX_ROWS, blas_threads, kernel_available, use_kernel
+from ..backend import KERNEL_MAX_ROWS, blas_threads, kept_as_blocks, kernel_available, use_kernel
 from ..core.sampling import Sampling
 from ..cpu_steps import enable_where_supported
 from ..drafters import (
@@ -593,8 +593,12 @@ def _products(model) -> str:
         steps = ("; calls of 1..32 tokens: minispec/cpu_steps.py's numba loops"
                  if getattr(model, "fast_steps", None) is not None
                  else "; every call: model.py's plain path (--fast-steps off)")
+        w = model.weights
+        blocks = sum(kept_as_blocks(a) for a in [w["lm_head"]] + [
+            layer[n] for layer in w["layers"] for n in ("wqkv", "wo", "w_gate", "w_up", "w_down")])
+        kept = f" ({blocks} matrices read as their GGUF blocks)" if blocks else ""
         return (f"minispec's few-rows kernel for 1..{KERNEL_MAX_ROWS} rows (numba "
-                f"{numba.__version__}), else BLAS{steps}")
+                f"{numba.__version__}){kept}, else BLAS{steps}")
     return "NumPy's x @ w" + ("" if kernel_available() or model.device != "cpu"
                               else " (numba is not installed: no few-rows kernel)")
 

@@ -35,10 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import get_blas_threads, set_blas_threads
+from ..backend import (
+    get_blas_threads,
+    kept_as_blocks,
+    kernel_weight,
+    set_blas_threads,
+    stored_bytes,
+)
 from ..core.speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 from ..errors import MinispecError
-from ..kernels import LANES
+from ..kernels import LANES, compiled
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
@@ -243,7 +249,8 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
                          ) -> float | None:
     """Seconds of weight-product arithmetic per token in a call of many tokens, with the weights
     in the cache: each of a step's matrices cut to its first outputs (about cut_bytes, which the
-    CPU's L2 cache holds), multiplied by `rows` rows of ones through model.py's `linear`, its
+    CPU's L2 cache holds), multiplied by `rows` rows of ones through model.py's `linear` (the
+    block product of its first tiles, for a matrix read as GGUF blocks), its
     best time scaled to the whole matrix and divided by `rows`. A call of k tokens takes at least
     k times this, as it takes at least the memory floor: past k = floor / this, a verify call is
     bound by its arithmetic, not by reading the weights. None off the CPU."""
@@ -257,14 +264,27 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
     total = 0.0
     for m, count in mats:
         d_in, d_out = m.shape
-        n = max(1, min(d_out, cut_bytes // (d_in * m.dtype.itemsize)))
-        n -= n % LANES if n > LANES else 0  # whole tiles of the kernel's outputs
-        cut, x = m[:, :n], np.ones((rows, d_in), dtype=model.dtype)
+        x = np.ones((rows, d_in), dtype=model.dtype)
+        if kept_as_blocks(m):  # read as GGUF blocks: the block product on the first tiles
+            tiles = kernel_weight(m)  # [ceil(D_out / 64), D_in / 32, bytes]
+            n_tiles = max(1, min(tiles.shape[0], cut_bytes // tiles[0].nbytes))
+            cut, n = tiles[:n_tiles], n_tiles * LANES
+            y, product = np.empty((rows, n), np.float32), compiled().block_product
+
+            def call(x=x, cut=cut, y=y, product=product):
+                product(x, cut, y)
+        else:
+            n = max(1, min(d_out, cut_bytes // (d_in * m.dtype.itemsize)))
+            n -= n % LANES if n > LANES else 0  # whole tiles of the kernel's outputs
+            cut = m[:, :n]
+
+            def call(x=x, cut=cut):
+                linear(x, cut)
         best = float("inf")
         for _ in range(repeats + 1):  # the first fills the cache
             t0 = time.perf_counter()
             for _ in range(10):
-                linear(x, cut)
+                call()
             best = min(best, (time.perf_counter() - t0) / 10)
         total += best * (d_out / n) * count
     return total / rows
@@ -519,8 +539,9 @@ def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, xp=np) -> float:
 
 
 def decode_weight_bytes(model) -> int:
-    """Bytes of weights one decode step reads: every matrix in the compute dtype (all layers and
-    the LM head; of the embedding only one row, which is negligible and not counted)."""
+    """Bytes of weights one decode step reads: every matrix as held (all layers and the LM head,
+    in the compute dtype, 16-bit as stored, or as its GGUF blocks: backend.stored_bytes; of the
+    embedding only one row, which is negligible and not counted)."""
     w = model.weights
     seen, total = set(), 0
     arrays = [w["lm_head"], w["norm_w"]] + [a for layer in w["layers"] for a in layer.values()]
@@ -528,7 +549,7 @@ def decode_weight_bytes(model) -> int:
         if a is None or id(a) in seen:
             continue
         seen.add(id(a))
-        total += int(a.size) * a.dtype.itemsize
+        total += stored_bytes(a)
     return total
 
 
