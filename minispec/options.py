@@ -47,9 +47,10 @@ def add_device(ap: argparse.ArgumentParser) -> None:
 def add_dtype(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=DTYPES, default=None,
                     help="compute dtype (default float32, a bfloat16 or float16 checkpoint's "
-                    "matrices kept as stored on the CPU; float32: widened at load; float16 is "
-                    "for the GPU, where a verify call's weight products then run on the tensor "
-                    "cores)")
+                    "matrices kept as stored on the CPU, and a GGUF conversion's Q4_1/Q8_0 "
+                    "blocks read as stored; float32: widened at load, every matrix read in "
+                    "float32; float16 is for the GPU, where a verify call's weight products "
+                    "then run on the tensor cores)")
 
 
 def add_fast_steps(ap: argparse.ArgumentParser) -> None:

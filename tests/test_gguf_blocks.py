@@ -188,3 +188,29 @@ def test_a_cache_converted_before_the_blocks_gets_them_once(tmp_path):
     assert converted(path, cache) == cache
     assert (cache / GGUF_BLOCKS).is_file()
     assert backend.kept_as_blocks(minispec.load(cache).weights["lm_head"])
+
+
+def test_bench_reads_the_blocks_unless_asked_for_float32(tmp_path, capsys):
+    from minispec.measure import bench
+
+    out = convert_gguf(_quantized_gguf(tmp_path, True), tmp_path / "hf")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("the cat sat on\nab ab ab ab\n")  # a byte a token: short enough
+    reports = {}
+    for dtype in ([], ["--dtype", "float32"]):
+        argv = ["--target", str(out), "--draft", "none", "--drafters", "ngram", "--quick",
+                "--json", "--hf", "off", "--prompts", str(prompts), "--max-new-tokens", "8",
+                *dtype]
+        assert bench.main(argv) == 0
+        reports[bool(dtype)] = json.loads(capsys.readouterr().out)
+    blocks, floats = reports[False], reports[True]
+    # float32: 4 bytes a weight (the norms' too); the blocks: Q4_1 20 bytes and Q8_0 34 for 32
+    w = minispec.load(out, dtype="float32").weights
+    assert floats["target"]["weight_bytes"] == 4 * (sum(
+        a.size for layer in w["layers"] for a in layer.values() if a is not None)
+        + w["lm_head"].size + w["norm_w"].size)
+    assert blocks["target"]["weight_bytes"] < floats["target"]["weight_bytes"] / 3
+    assert blocks["floor"]["weight_bytes"] == blocks["target"]["weight_bytes"]
+    for r in (blocks, floats):
+        agree = r["greedy_agreement"]["minispec ngram vs minispec autoregressive"]
+        assert agree["identical"] == agree["total"]

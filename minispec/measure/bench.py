@@ -55,7 +55,7 @@ from ..drafters import (
     head_draft_vocab,
 )
 from ..errors import MinispecError
-from ..options import add_device, add_fast_steps, add_gamma, add_threads, parse_gamma
+from ..options import add_device, add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     add_device(ap)
+    add_dtype(ap)
     add_threads(ap)
     add_fast_steps(ap)
     ap.add_argument("--hf", choices=["auto", "on", "off"], default="auto",
@@ -297,8 +298,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
 
-    target = load(args.target, device=args.device)
-    draft = load(args.draft, device=args.device)
+    target = load(args.target, device=args.device, dtype=args.dtype)
+    draft = load(args.draft, device=args.device, dtype=args.dtype)
     if args.fast_steps == "on":
         enable_where_supported(target, draft)
     if target.tokenizer is not None and args.prompts.exists():
@@ -394,8 +395,9 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
-    target = load(args.target, device=args.device)
-    assistant = None if args.assistant is None else load(args.assistant, device=args.device)
+    target = load(args.target, device=args.device, dtype=args.dtype)
+    assistant = (None if args.assistant is None
+                 else load(args.assistant, device=args.device, dtype=args.dtype))
     if args.fast_steps == "on":
         enable_where_supported(target, assistant)
     if target.tokenizer is None:  # as run() does
