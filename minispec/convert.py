@@ -428,6 +428,8 @@ def convert_gguf(path: str | Path, out_dir: str | Path, *, bf16: bool = False) -
               metadata={"format": "pt", "source": f"minispec.convert from {path.name}"})
     if not bf16:
         write_blocks(path, out_dir, config)
+    else:  # the blocks hold the float32 values, not these: none beside them
+        (out_dir / GGUF_BLOCKS).unlink(missing_ok=True)
     if tok is not None:
         tok.save(str(out_dir / "tokenizer.json"))
         doc = tokenizer_config(meta, config["max_position_embeddings"])
@@ -472,9 +474,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())
+    blocks = " (and its GGUF blocks, gguf_blocks.safetensors)" if (out / GGUF_BLOCKS).is_file() \
+        else ""
     print(f"wrote {out} in {time.perf_counter() - start:.1f} s: {config['num_hidden_layers']} "
           f"layers, hidden size {config['hidden_size']}, vocab {config['vocab_size']}, "
-          f"{'bf16' if args.bf16 else 'float32'}")
+          f"{'bf16' if args.bf16 else 'float32'}{blocks}")
     return 0
 
 

@@ -397,8 +397,8 @@ def _keep_gguf_blocks(model: Model, path: Path) -> None:
     f, c, w = SafetensorsFile(path), model.config, model.weights
 
     def take(names: list[str], weight) -> None:
-        if weight is None or not all(n in f for n in names):
-            return
+        if weight is None or weight.dtype != np.float32 or not all(n in f for n in names):
+            return  # (weights not float32 do not hold the blocks' values)
         parts = [f.get_bytes(n) for n in names]  # [rows, D_in / 32, bytes] each, along D_out
         d_in, d_out = weight.shape
         for n, b in zip(names, parts):

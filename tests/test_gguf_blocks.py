@@ -214,3 +214,12 @@ def test_bench_reads_the_blocks_unless_asked_for_float32(tmp_path, capsys):
     for r in (blocks, floats):
         agree = r["greedy_agreement"]["minispec ngram vs minispec autoregressive"]
         assert agree["identical"] == agree["total"]
+
+
+def test_a_bf16_conversion_over_a_float32_one_leaves_no_blocks(tmp_path):
+    path = _quantized_gguf(tmp_path, True)
+    out = convert_gguf(path, tmp_path / "hf")
+    assert (out / GGUF_BLOCKS).is_file()
+    convert_gguf(path, out, bf16=True)  # the same directory, now bfloat16 values
+    assert not (out / GGUF_BLOCKS).exists()
+    assert not backend.kept_as_blocks(minispec.load(out).weights["lm_head"])
