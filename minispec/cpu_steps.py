@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels
-from .backend import kept_as_blocks, kernel_available, kernel_in_use, kernel_weight, matmul
+from .backend import kernel_available, kernel_in_use, kernel_weight, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
@@ -124,15 +124,13 @@ class NumbaKernels(PlainKernels):
 
     def _block_weights(self, p, tables):
         """A Llama-shaped layer's norms and weights as kernels.block_front reads them (made once per
-        layer), or None for any other layer, or one whose weights the kernel reads as GGUF blocks
-        (their product is backend.matmul's block product, piece by piece)."""
+        layer; a weight read as GGUF blocks as its blocks' tiles), or None for any other layer."""
         seen = self._weights.get(id(p))
         if seen is None or seen[0] is not p:
             names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
             plain = (all(p.get(b) is None for b in ("attn_norm_b", "bqkv", "bo", "mlp_norm_b",
                                                      "b_gate", "b_up", "b_down"))
-                     and all(p[n] is not None and p[n].T.flags.c_contiguous
-                             and not kept_as_blocks(p[n]) for n in names))
+                     and all(p[n] is not None and p[n].T.flags.c_contiguous for n in names))
             w = None
             if plain:
                 wqkv, wo, gate, up = (kernel_weight(p[n]) for n in names[:4])

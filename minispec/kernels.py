@@ -57,11 +57,13 @@ def compiled() -> SimpleNamespace | None:
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _q4_tile, _q8_tile = jit(_q4_tile_kernel), jit(_q8_tile_kernel)
+        block_product = jit(_block_product_kernel)
+        _either_product(numba, block_product)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
-                                   block_product=jit(_block_product_kernel))
+                                   block_product=block_product)
     return _KERNELS or None
 
 
@@ -498,6 +500,24 @@ def _q8_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
         _store(y, r + 5, col, s5)
 
 
+def _any_product(x, tiles, y):  # pragma: no cover - what _either_product compiles
+    """product or block_product, by the tiles' type: one block's loops take either weight."""
+    raise NotImplementedError("_any_product runs compiled (kernels.compiled)")
+
+
+def _either_product(numba, block_product) -> None:
+    """Compile `_any_product` inside the loops as `_product` for a float32 or 16-bit weight's
+    tiles and as `block_product` for GGUF blocks' (uint8): a choice numba makes by type, once."""
+    from numba.core import types
+    from numba.extending import overload
+
+    @overload(_any_product)
+    def either(x, tiles, y):
+        if tiles.dtype == types.uint8:
+            return lambda x, tiles, y: block_product(x, tiles, y)
+        return lambda x, tiles, y: _product(x, tiles, y)
+
+
 def _block_intrinsics(numba, lanes):
     """numba functions for the block products, on the 64-lane values of _lanes_intrinsics
     (`lanes`, their numba type): `_halves(tiles, k, b, at)` the 64 float16 at byte `at` of
@@ -698,7 +718,7 @@ def _heads_kernel(x, attn_norm_w, wqkv, eps, heads, e):  # pragma: no cover - ru
     xn = np.empty_like(x)
     _norm(x, attn_norm_w, eps, xn)
     qkv = np.empty((x.shape[0], heads * e), np.float32)
-    _product(xn, wqkv, qkv)
+    _any_product(xn, wqkv, qkv)
     return qkv.reshape((x.shape[0], heads, e))
 
 
@@ -707,7 +727,7 @@ def _mlp_in_kernel(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps):  # pragma: no 
     # norm(h) -> h, gate, up
     t, d = x.shape
     h = np.empty((t, d), np.float32)
-    _product(att, wo, h)
+    _any_product(att, wo, h)
     for r in range(t):
         for i in range(d):
             h[r, i] += x[r, i]  # x + attn
@@ -715,6 +735,6 @@ def _mlp_in_kernel(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps):  # pragma: no 
     _norm(h, mlp_norm_w, eps, xn)
     gate = np.empty((t, f), np.float32)
     up = np.empty((t, f), np.float32)
-    _product(xn, w_gate, gate)
-    _product(xn, w_up, up)
+    _any_product(xn, w_gate, gate)
+    _any_product(xn, w_up, up)
     return h, gate, up
