@@ -25,8 +25,8 @@ from .errors import MinispecError
 from .safetensors import SUPPORTED, Checkpoint, save_file
 from .tokenizer import Tokenizer
 
-# tensors some checkpoints carry that are buffers, not weights (recomputed or implied)
 GGUF_BLOCKS = "gguf_blocks.safetensors"  # a GGUF conversion's Q4_1/Q8_0 blocks (minispec.convert)
+# tensors some checkpoints carry that are buffers, not weights (recomputed or implied)
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias")
 
 
@@ -402,11 +402,12 @@ def _keep_gguf_blocks(model: Model, path: Path) -> None:
         parts = [f.get_bytes(n) for n in names]  # [rows, D_in / 32, bytes] each, along D_out
         d_in, d_out = weight.shape
         for n, b in zip(names, parts):
-            if (b.ndim != 3 or b.shape[1] * 32 != d_in or b.shape[2] != parts[0].shape[2]
-                    or b.shape[2] not in (Q4_1_BLOCK, Q8_0_BLOCK)):
+            if b.ndim != 3 or b.shape[1] * 32 != d_in or b.shape[2] not in (Q4_1_BLOCK, Q8_0_BLOCK):
                 raise MinispecError(f"{path}: tensor {n!r} has shape {list(b.shape)}, expected "
                                     f"[rows, {d_in // 32}, {Q4_1_BLOCK} or {Q8_0_BLOCK}] (GGUF "
                                     f"blocks of a weight of {d_in} inputs)")
+        if len({b.shape[2] for b in parts}) > 1:  # q, k, v in two formats (a GGUF may mix
+            return  # them): one product reads one format, so this one reads float32
         blocks = np.concatenate(parts) if len(parts) > 1 else parts[0]
         with np.errstate(all="ignore"):  # a corrupt scale (NaN) fails the comparison below
             values = dequantize(blocks) if blocks.shape[0] == d_out else None

@@ -223,3 +223,23 @@ def test_a_bf16_conversion_over_a_float32_one_leaves_no_blocks(tmp_path):
     convert_gguf(path, out, bf16=True)  # the same directory, now bfloat16 values
     assert not (out / GGUF_BLOCKS).exists()
     assert not backend.kept_as_blocks(minispec.load(out).weights["lm_head"])
+
+
+def test_q_k_v_in_two_formats_read_float32_for_them_and_blocks_elsewhere(tmp_path):
+    # a GGUF may mix formats (llama.cpp's Q4_K_M keeps some matrices in Q6_K, others in Q4_K);
+    # the fused q, k, v product reads one format: mixed, it reads the float32 values
+    out = convert_gguf(_quantized_gguf(tmp_path, True), tmp_path / "hf")
+    f = SafetensorsFile(out / GGUF_BLOCKS)
+    blocks = {n: f.get_bytes(n) for n in f.keys()}
+    v = "model.layers.0.self_attn.v_proj.weight"
+    values = kernels.dequantize(blocks[v])
+    blocks[v] = _blocks(values, Q8_0)  # the same rows in Q8_0: other values, so
+    w = SafetensorsFile(out / "model.safetensors")  # model.safetensors gets them too
+    weights = {n: np.array(w.get(n)) for n in w.keys()}
+    weights[v] = kernels.dequantize(blocks[v])
+    save_file(weights, out / "model.safetensors")
+    save_file(blocks, out / GGUF_BLOCKS)
+    m = minispec.load(out)
+    assert not backend.kept_as_blocks(m.weights["layers"][0]["wqkv"])
+    assert backend.kept_as_blocks(m.weights["layers"][0]["wo"])
+    assert backend.kept_as_blocks(m.weights["layers"][1]["wqkv"])
