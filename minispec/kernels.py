@@ -1,8 +1,10 @@
-"""The CPU's compiled loops: the few-rows weight product (backend.matmul) and the pieces of a
-decode or verify step (cpu_steps.py), plain Python compiled by numba on first use.
+"""The CPU's compiled loops: the few-rows weight product (backend.matmul), the same product for a
+weight read as its GGUF blocks, and the pieces of a decode or verify step (cpu_steps.py), plain
+Python compiled by numba on first use.
 
 Skippable: each computes what a few lines of NumPy compute, and is tested against them (`x @ w`
-in tests/test_backend.py; model.py's block in tests/test_cpu_steps.py). They share one file
+in tests/test_backend.py; the blocks' in tests/test_gguf_blocks.py; model.py's block in
+tests/test_cpu_steps.py). They share one file
 because numba caches each compiled function on disk under the file that defines it: a loop
 calling a loop from another file would keep the old machine code of that one after the other
 file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call) and
