@@ -239,7 +239,14 @@ def kernel_weight(w: np.ndarray) -> np.ndarray:
         return hit[1]
     from .kernels import tiles
 
-    made = _TILE_ARENA.put(tiles(w.T if w.dtype != F16 else w.T.view(np.int16)))
+    return _keep_tiles(w, tiles(w.T if w.dtype != F16 else w.T.view(np.int16)))
+
+
+def _keep_tiles(w: np.ndarray, made: np.ndarray) -> np.ndarray:
+    """`made` into the arena as the tiles the kernel reads for w, kept while w lives; w (and
+    the array it views) read-only from now on (kernel_weight says why)."""
+    key = id(w)
+    made = _TILE_ARENA.put(made)
     _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
     for a in (w, w.base):
         if isinstance(a, np.ndarray):
@@ -269,12 +276,7 @@ def keep_blocks(w: np.ndarray, blocks: np.ndarray) -> None:
         raise MinispecError(f"keep_blocks: expected blocks uint8 [{d_out}, {d_in // 32}, 20 or "
                             f"34] for a float32 weight [{d_in}, {d_out}], got {blocks.dtype} "
                             f"{list(blocks.shape)} for {w.dtype} {list(w.shape)}")
-    key = id(w)
-    made = _TILE_ARENA.put(block_tiles(blocks))
-    _TILES[key] = (weakref.ref(w, lambda _: _TILES.pop(key, None)), made)
-    for a in (w, w.base):  # read-only, as kernel_weight makes a weight it copies
-        if isinstance(a, np.ndarray):
-            a.flags.writeable = False
+    _keep_tiles(w, block_tiles(blocks))
 
 
 def kept_as_blocks(w) -> bool:

@@ -23,7 +23,7 @@ _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
-_halves = _nibbles = _bytes = _fmav = _mulv = _q4_tile = _q8_tile = None
+_halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
 _AHEAD = 0  # bytes of a tile a pass of several rows asks the memory for ahead (see _ahead)
 
@@ -41,7 +41,7 @@ def compiled() -> SimpleNamespace | None:
     its GGUF blocks (block_tiles)."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
-    global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _q4_tile, _q8_tile
+    global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
     if _KERNELS is None:
         try:
             import numba
@@ -58,7 +58,7 @@ def compiled() -> SimpleNamespace | None:
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
-        _q4_tile, _q8_tile = jit(_q4_tile_kernel), jit(_q8_tile_kernel)
+        _block_tile = jit(_block_tile_kernel)
         block_product = jit(_block_product_kernel)
         _either_product(numba, block_product)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
@@ -426,56 +426,25 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
 def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
     # y [T, D_out] = x [T, D_in] times the weight whose block_tiles these are, passes of up to 6
     # rows as _rows_kernel's
-    t, q4 = x.shape[0], tiles.shape[2] == Q4_1_TILE
+    t = x.shape[0]
     for k in range(tiles.shape[0]):
         for r in range(0, t, 6):
-            if q4:
-                _q4_tile(x, tiles, y, k, r, min(6, t - r))
-            else:
-                _q8_tile(x, tiles, y, k, r, min(6, t - r))
+            _block_tile(x, tiles, y, k, r, min(6, t - r))
 
 
-def _q4_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
-    # rows r..r+n-1 (n <= 6) times tile k of Q4_1 blocks -> y[r.., 64k:64k + 64]: each weight
-    # d * q + m in one fused multiply-add, then _tile_kernel's sums
-    s0 = s1 = s2 = s3 = s4 = s5 = _zero()
-    for b in range(tiles.shape[1]):
-        d, m = _halves(tiles, k, b, 0), _halves(tiles, k, b, 2 * LANES)
-        for j in range(32):
-            w = _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m)
-            i = 32 * b + j
-            s0 = _fma(s0, w, x[r, i])
-            if n > 1:
-                s1 = _fma(s1, w, x[r + 1, i])
-            if n > 2:
-                s2 = _fma(s2, w, x[r + 2, i])
-            if n > 3:
-                s3 = _fma(s3, w, x[r + 3, i])
-            if n > 4:
-                s4 = _fma(s4, w, x[r + 4, i])
-            if n > 5:
-                s5 = _fma(s5, w, x[r + 5, i])
-    col = k * LANES
-    _store(y, r, col, s0)
-    if n > 1:
-        _store(y, r + 1, col, s1)
-    if n > 2:
-        _store(y, r + 2, col, s2)
-    if n > 3:
-        _store(y, r + 3, col, s3)
-    if n > 4:
-        _store(y, r + 4, col, s4)
-    if n > 5:
-        _store(y, r + 5, col, s5)
-
-
-def _q8_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
-    # the same for Q8_0 blocks: each weight d * q
+def _block_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
+    # rows r..r+n-1 (n <= 6) times tile k of the blocks -> y[r.., 64k:64k + 64]: each weight
+    # rebuilt (Q4_1: d * q + m in one fused multiply-add; Q8_0: d * q), then _tile_kernel's sums
+    q4 = tiles.shape[2] == Q4_1_TILE  # the same for every block: the branch predictor's guess
     s0 = s1 = s2 = s3 = s4 = s5 = _zero()
     for b in range(tiles.shape[1]):
         d = _halves(tiles, k, b, 0)
+        m = _halves(tiles, k, b, 2 * LANES) if q4 else d  # (Q8_0 has no minimum)
         for j in range(32):
-            w = _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d)
+            if q4:
+                w = _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m)
+            else:
+                w = _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d)
             i = 32 * b + j
             s0 = _fma(s0, w, x[r, i])
             if n > 1:

@@ -597,7 +597,7 @@ def _products(model) -> str:
                  else "; every call: model.py's plain path (--fast-steps off)")
         w = model.weights
         blocks = sum(kept_as_blocks(a) for a in [w["lm_head"]] + [
-            layer[n] for layer in w["layers"] for n in ("wqkv", "wo", "w_gate", "w_up", "w_down")])
+            layer.get(n) for layer in w["layers"] for n in harness.PRODUCTS])
         kept = f" ({blocks} matrices read as their GGUF blocks)" if blocks else ""
         return (f"minispec's few-rows kernel for 1..{KERNEL_MAX_ROWS} rows (numba "
                 f"{numba.__version__}){kept}, else BLAS{steps}")
