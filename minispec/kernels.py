@@ -42,6 +42,7 @@ def compiled() -> SimpleNamespace | None:
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
+    global _block_unpack, _block_sums
     if _KERNELS is None:
         try:
             import numba
@@ -58,7 +59,8 @@ def compiled() -> SimpleNamespace | None:
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
-        _block_tile = jit(_block_tile_kernel)
+        _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
+        _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
         _either_product(numba, block_product)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
@@ -380,6 +382,8 @@ def _lanes_intrinsics(numba, width=LANES):
 
 Q4_1_BLOCK, Q8_0_BLOCK = 20, 34  # bytes a block of 32 weights takes in a GGUF file
 Q4_1_TILE, Q8_0_TILE = 1280, 2176  # and a block tile (64 outputs x 32 inputs) in block_tiles
+UNPACKED = 4  # blocks a call of more than 6 rows rebuilds at a time (2: 3-9% slower, 8: its
+# 32 x 8 x 64 floats spill from the L1 cache, slower still; SmolLM2 on the Intel Xeon guest)
 
 
 def block_tiles(blocks: np.ndarray) -> np.ndarray:
@@ -424,12 +428,83 @@ def dequantize(blocks: np.ndarray) -> np.ndarray:
 
 
 def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
-    # y [T, D_out] = x [T, D_in] times the weight whose block_tiles these are, passes of up to 6
-    # rows as _rows_kernel's
+    # y [T, D_out] = x [T, D_in] times the weight whose block_tiles these are. Up to 6 rows: one
+    # pass that rebuilds each weight in a register. More rows rebuild each weight once too, 4
+    # blocks at a time into `block` (float32, 32 KB: the L1 cache holds it), and take passes of
+    # up to 6 rows over it, each row's 64 sums kept in `sums` between them: every sum the same
+    # chain of fused multiply-adds as in one pass, so the same bits; rebuilding the tile once
+    # per pass cost as much as 5 rows' multiply-adds (weights/README.md, "Rebuilt once")
     t = x.shape[0]
+    if t <= 6:
+        for k in range(tiles.shape[0]):
+            _block_tile(x, tiles, y, k, 0, t)
+        return
+    nb = tiles.shape[1]
+    block = np.empty((32 * UNPACKED, LANES), np.float32)
+    sums = np.empty((t, LANES), np.float32)
+    passes = (t + 5) // 6  # of rows as even as they go (a pass of 1 row would wait on its sums)
     for k in range(tiles.shape[0]):
-        for r in range(0, t, 6):
-            _block_tile(x, tiles, y, k, r, min(6, t - r))
+        sums[:] = 0.0
+        for b0 in range(0, nb, UNPACKED):
+            c = min(UNPACKED, nb - b0)
+            for b in range(c):
+                _block_unpack(tiles, k, b0 + b, block, 32 * b)
+            r = 0
+            for p in range(passes):
+                n = (t - r) // (passes - p)
+                _block_sums(x, block, sums, r, n, 32 * b0, 32 * c)
+                r += n
+        for r in range(t):
+            _store(y, r, k * LANES, _load(sums, r))
+
+
+def _block_unpack_kernel(tiles, k, b, block, at):  # pragma: no cover - runs compiled
+    # block b of tile k rebuilt as _block_tile_kernel rebuilds it -> block[at:at + 32] (64
+    # float32 a row)
+    d = _halves(tiles, k, b, 0)
+    if tiles.shape[2] == Q4_1_TILE:
+        m = _halves(tiles, k, b, 2 * LANES)
+        for j in range(32):
+            _store(block, at + j, 0, _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m))
+    else:
+        for j in range(32):
+            _store(block, at + j, 0, _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d))
+
+
+def _block_sums_kernel(x, block, sums, r, n, i0, length):  # pragma: no cover - runs compiled
+    # rows r..r+n-1 (n <= 6): sums[r..] += x[r.., i0:i0 + length] times block[:length] (64
+    # weights a row), one fused multiply-add at a time, in _tile_kernel's order
+    s0 = _load(sums, r)
+    s1 = _load(sums, r + 1) if n > 1 else s0
+    s2 = _load(sums, r + 2) if n > 2 else s0
+    s3 = _load(sums, r + 3) if n > 3 else s0
+    s4 = _load(sums, r + 4) if n > 4 else s0
+    s5 = _load(sums, r + 5) if n > 5 else s0
+    for j in range(length):
+        w = _load(block, j)
+        i = i0 + j
+        s0 = _fma(s0, w, x[r, i])
+        if n > 1:
+            s1 = _fma(s1, w, x[r + 1, i])
+        if n > 2:
+            s2 = _fma(s2, w, x[r + 2, i])
+        if n > 3:
+            s3 = _fma(s3, w, x[r + 3, i])
+        if n > 4:
+            s4 = _fma(s4, w, x[r + 4, i])
+        if n > 5:
+            s5 = _fma(s5, w, x[r + 5, i])
+    _store(sums, r, 0, s0)
+    if n > 1:
+        _store(sums, r + 1, 0, s1)
+    if n > 2:
+        _store(sums, r + 2, 0, s2)
+    if n > 3:
+        _store(sums, r + 3, 0, s3)
+    if n > 4:
+        _store(sums, r + 4, 0, s4)
+    if n > 5:
+        _store(sums, r + 5, 0, s5)
 
 
 def _block_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled

@@ -43,15 +43,15 @@ def _blocks(a: np.ndarray, kind) -> np.ndarray:
 @pytest.mark.parametrize("kind", [Q4_1, Q8_0], ids=["Q4_1", "Q8_0"])
 def test_block_product_gives_the_float32_products_bits(kind):
     rng = np.random.default_rng(0)
-    blocks = _blocks(rng.standard_normal((200, 96)).astype(np.float32) * 0.1, kind)  # 200: a
-    # last tile of 8 outputs
-    w = kernels.dequantize(blocks)  # [200, 96]
+    blocks = _blocks(rng.standard_normal((200, 192)).astype(np.float32) * 0.1, kind)  # 200: a
+    # last tile of 8 outputs; 192 inputs: 6 blocks, unpacked 4 and 2 for more than 6 rows
+    w = kernels.dequantize(blocks)  # [200, 192]
     raw = blocks.reshape(200, -1)
-    assert np.array_equal(w, gguf.quants.dequantize(raw, kind).reshape(200, 96))  # gguf's values
+    assert np.array_equal(w, gguf.quants.dequantize(raw, kind).reshape(200, 192))  # gguf's
     tiles = kernels.block_tiles(blocks)
     loops = kernels.compiled()
-    for t in (1, 2, 5, 6, 7, 13):
-        x = rng.standard_normal((t, 96)).astype(np.float32)
+    for t in (1, 2, 5, 6, 7, 13, 20, 37):  # one pass in registers; 2, 3 (7, 7, 6), 4, 7 passes
+        x = rng.standard_normal((t, 192)).astype(np.float32)
         y = np.empty((t, 200), np.float32)
         loops.block_product(x, tiles, y)
         assert np.array_equal(y, backend.few_rows_matmul(x, np.ascontiguousarray(w).T)), t
