@@ -382,8 +382,8 @@ def _lanes_intrinsics(numba, width=LANES):
 
 Q4_1_BLOCK, Q8_0_BLOCK = 20, 34  # bytes a block of 32 weights takes in a GGUF file
 Q4_1_TILE, Q8_0_TILE = 1280, 2176  # and a block tile (64 outputs x 32 inputs) in block_tiles
-UNPACKED = 4  # blocks a call of more than 6 rows rebuilds at a time (2: 3-9% slower, 8: its
-# 32 x 8 x 64 floats spill from the L1 cache, slower still; SmolLM2 on the Intel Xeon guest)
+UNPACKED = 4  # blocks a call of more than 6 rows rebuilds at a time (2: within 5%; 8: its 64 KB
+# spill from a 48 KB L1 cache, 9-47% slower; weights/README.md, "Rebuilt once")
 
 
 def block_tiles(blocks: np.ndarray) -> np.ndarray:
