@@ -378,7 +378,9 @@ def _lanes_intrinsics(numba, width=LANES):
 # each weight that way in a register, then multiply and accumulate exactly as the product of the
 # dequantized float32 weight does: the same bits out, reading 5 (Q4_1) or 8.5 (Q8_0) bits a
 # weight instead of 32. SmolLM2-135M's GGUF keeps its layers in Q4_1 and its embedding (the tied
-# LM head) in Q8_0: 96 MB a step instead of 538 MB.
+# LM head) in Q8_0: 96 MB a step instead of 538 MB. Rebuilding costs as much as ~5 rows'
+# multiply-adds, so a call of more than 6 rows rebuilds each weight once, into the L1 cache, for
+# all its passes (`_block_product_kernel`).
 
 Q4_1_BLOCK, Q8_0_BLOCK = 20, 34  # bytes a block of 32 weights takes in a GGUF file
 Q4_1_TILE, Q8_0_TILE = 1280, 2176  # and a block tile (64 outputs x 32 inputs) in block_tiles
