@@ -42,7 +42,7 @@ def compiled() -> SimpleNamespace | None:
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums
+    global _block_unpack, _block_sums, _weight
     if _KERNELS is None:
         try:
             import numba
@@ -59,6 +59,7 @@ def compiled() -> SimpleNamespace | None:
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
+        _weight = numba.njit(fastmath=True, cache=True, inline="always")(_weight_kernel)
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
         _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
@@ -439,7 +440,7 @@ def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
     t = x.shape[0]
     if t <= 6:
         for k in range(tiles.shape[0]):
-            _block_tile(x, tiles, y, k, 0, t)
+            _block_tile(x, tiles, y, k, t)
         return
     nb = tiles.shape[1]
     block = np.empty((32 * UNPACKED, LANES), np.float32)
@@ -463,14 +464,11 @@ def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
 def _block_unpack_kernel(tiles, k, b, block, at):  # pragma: no cover - runs compiled
     # block b of tile k rebuilt as _block_tile_kernel rebuilds it -> block[at:at + 32] (64
     # float32 a row)
+    q4 = tiles.shape[2] == Q4_1_TILE
     d = _halves(tiles, k, b, 0)
-    if tiles.shape[2] == Q4_1_TILE:
-        m = _halves(tiles, k, b, 2 * LANES)
-        for j in range(32):
-            _store(block, at + j, 0, _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m))
-    else:
-        for j in range(32):
-            _store(block, at + j, 0, _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d))
+    m = _halves(tiles, k, b, 2 * LANES) if q4 else d
+    for j in range(32):
+        _store(block, at + j, 0, _weight(tiles, k, b, j, d, m, q4))
 
 
 def _block_sums_kernel(x, block, sums, r, n, i0, length):  # pragma: no cover - runs compiled
@@ -509,19 +507,17 @@ def _block_sums_kernel(x, block, sums, r, n, i0, length):  # pragma: no cover - 
         _store(sums, r + 5, 0, s5)
 
 
-def _block_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compiled
-    # rows r..r+n-1 (n <= 6) times tile k of the blocks -> y[r.., 64k:64k + 64]: each weight
-    # rebuilt (Q4_1: d * q + m in one fused multiply-add; Q8_0: d * q), then _tile_kernel's sums
+def _block_tile_kernel(x, tiles, y, k, n):  # pragma: no cover - runs compiled
+    # rows 0..n-1 (n <= 6) times tile k of the blocks -> y[:n, 64k:64k + 64]: each weight rebuilt
+    # in a register (_weight_kernel), then _tile_kernel's sums
     q4 = tiles.shape[2] == Q4_1_TILE  # the same for every block: the branch predictor's guess
     s0 = s1 = s2 = s3 = s4 = s5 = _zero()
+    r = 0  # a call's first rows: more than 6 go through _block_sums_kernel
     for b in range(tiles.shape[1]):
         d = _halves(tiles, k, b, 0)
         m = _halves(tiles, k, b, 2 * LANES) if q4 else d  # (Q8_0 has no minimum)
         for j in range(32):
-            if q4:
-                w = _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m)
-            else:
-                w = _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d)
+            w = _weight(tiles, k, b, j, d, m, q4)
             i = 32 * b + j
             s0 = _fma(s0, w, x[r, i])
             if n > 1:
@@ -546,6 +542,14 @@ def _block_tile_kernel(x, tiles, y, k, r, n):  # pragma: no cover - runs compile
         _store(y, r + 4, col, s4)
     if n > 5:
         _store(y, r + 5, col, s5)
+
+
+def _weight_kernel(tiles, k, b, j, d, m, q4):  # pragma: no cover - runs compiled (inlined)
+    # the 64 weights of input j of block b of tile k, from their scales d (and minimums m):
+    # Q4_1 d * q + m in one fused multiply-add, Q8_0 d * q
+    if q4:
+        return _fmav(_nibbles(tiles, k, b, 4 * LANES + 32 * j), d, m)
+    return _mulv(_bytes(tiles, k, b, 2 * LANES + LANES * j), d)
 
 
 def _any_product(x, tiles, y):  # pragma: no cover - what _either_product compiles
