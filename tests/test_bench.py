@@ -46,6 +46,10 @@ def test_bench_json_is_consistent(pair, capsys):
     for row in (ar, sp):
         assert row["tokens_per_second"] == pytest.approx(row["new_tokens"] / row["seconds"])
         assert row["seconds"] == sorted(row["pass_seconds"])[len(row["pass_seconds"]) // 2]
+    # the costs are timed at the run's mean cache length: the prompts' mean plus half the new
+    # tokens (a call's attention grows with it)
+    lo, hi = r["settings"]["prompt_tokens"]
+    assert lo <= costs["context"] - r["settings"]["max_new_tokens"] // 2 <= hi
     assert list(costs["verify_cost"]) == [str(k) for k in range(1, 10)]
     assert costs["verify_cost"]["1"] == 1.0
     assert costs["c"] > 0 and costs["verify_ratio"] > 0

@@ -46,6 +46,8 @@ def test_sweep_has_a_row_per_gamma_with_the_theorem_beside_it(drafter):
     assert report["recommended_gamma"] == best["gamma"]
     assert report["settings"]["exit_layer"] == (1 if drafter == "early-exit" else None)
     assert (report["draft_step_s"] is None) == (drafter == "ngram")
+    # the steps are timed at the run's mean cache length: mean prompt (6) + half of 8 new tokens
+    assert report["step_context"] == harness.typical_context(PROMPTS, 8) == 10
     table = sweep.format_table(report)
     lines = table.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["gamma"])

@@ -59,7 +59,6 @@ from ..options import add_device, add_dtype, add_fast_steps, add_gamma, add_thre
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
-    COST_CONTEXT,
     arithmetic_per_token,
     benchmark_eos,
     copy_bandwidth,
@@ -79,6 +78,7 @@ from .harness import (
     time_decode_steps,
     time_matmuls,
     time_speed_and_costs,
+    typical_context,
 )
 
 
@@ -313,7 +313,7 @@ def run(args: argparse.Namespace) -> dict:
         raise MinispecError(f"--prompts: {args.prompts} does not exist")
     eos = benchmark_eos(target)
     lens = [len(p) for p in prompts]
-    context = int(np.mean(lens)) + args.max_new_tokens // 2  # a typical cache length in the run
+    context = typical_context(prompts, args.max_new_tokens)  # the costs are timed there
 
     report: dict = {
         "machine": machine_info(),
@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> dict:
                              time_matmuls(draft, 1, n)]))
 
         report["generation"], rounds = time_speed_and_costs(
-            methods, prompts, args.repeats, target, draft, g_costs, between=time_steps)
+            methods, prompts, args.repeats, target, draft, g_costs, context, between=time_steps)
         report["costs"].update(_step_costs(rounds, samples, g_costs))
     for row in report["generation"].values():
         del row["results"]  # GenerationResults: not JSON
@@ -408,7 +408,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                                  target.tokenizer)
         prompt_source = str(args.prompts)
     lens = [len(p) for p in prompts]
-    context = int(np.mean(lens)) + args.max_new_tokens // 2
+    context = typical_context(prompts, args.max_new_tokens)
     sampling = Sampling(args.temperature)
     request = Request(args.max_new_tokens, benchmark_eos(target), seed=0)
     steps = 3 if args.quick else 20
@@ -622,7 +622,7 @@ def _step_costs(rounds: dict, samples: list[tuple], gamma: int) -> dict:
     calls = {"minispec": dict(zip(CURVE_KS, steps[:n]))}
     if len(steps) > n:
         calls["minispec, NumPy BLAS"] = dict(zip(CURVE_KS, steps[n:]))
-    return {"step_calls": rounds["rounds"], "cost_gamma": gamma, "cost_context": COST_CONTEXT,
+    return {"step_calls": rounds["rounds"], "cost_gamma": gamma,
             "target_step_s": rounds["target_step_s"], "draft_step_s": rounds["draft_step_s"],
             "c": rounds["c"], "verify_ratio": rounds["verify_ratio"],
             "target_matmul_s": mm[0], "target_matmul_s_k5": mm[1], "draft_matmul_s": mm[2],
@@ -807,10 +807,9 @@ def format_report(report: dict) -> str:
         (f"timing     1 warm-up run per method, {s['repeats']} timed passes (methods "
          f"interleaved), medians"),
         "",
-        (f"costs (warm cache of {costs['cost_context']} positions; rounds of gamma = "
-         f"{costs['cost_gamma']} timed as the loop runs them, medians of {costs['step_calls']} "
-         f"rounds taken between the timed passes; the verify-cost curve at "
-         f"{costs['context']} positions)"),
+        (f"costs (warm cache of {costs['context']} positions, the prompts' mean plus half the "
+         f"new tokens; rounds of gamma = {costs['cost_gamma']} timed as the loop runs them, "
+         f"medians of {costs['step_calls']} rounds taken between the timed passes)"),
         (f"  target decode step  {costs['target_step_s'] * ms:7.3f} ms   (its weight matmuls "
          f"alone {costs['target_matmul_s'] * ms:.3f} ms; with 5 tokens "
          f"{costs['target_matmul_s_k5'] * ms:.3f} ms)"),

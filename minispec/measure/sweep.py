@@ -71,6 +71,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
     request = Request(max_new_tokens, harness.benchmark_eos(target), seed)
     plain = NoDrafter(target)
     step = harness.draft_step_model(drafter, target, draft_model, exit_layer)
+    context = harness.typical_context(prompts, max_new_tokens)  # where the costs are timed
 
     rows, ar_speeds, ar_tokens, steps = [], [], [], []
     for gamma in gammas:
@@ -84,7 +85,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
                                                             gamma=g),
         }
         timed, costs = harness.time_speed_and_costs(methods, prompts, repeats, target, step,
-                                                    gamma)
+                                                    gamma, context)
         ar, sp = timed["autoregressive"], timed["speculative"]
         ar_speeds.append(ar["tokens_per_second"])
         ar_tokens.append(ar["new_tokens"])
@@ -127,7 +128,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
         "target_step_s": harness.median([c["target_step_s"] for c in steps]),
         "draft_step_s": None if step is None else harness.median(
             [c["draft_step_s"] for c in steps]),
-        "step_context": harness.COST_CONTEXT,
+        "step_context": min(context, target.config.max_position_embeddings // 2),
         "rows": rows,
         "recommended_gamma": best["gamma"],
     }
