@@ -72,7 +72,8 @@ def propose_batch(drafter: Drafter, drafters: list[Drafter], contexts, gammas, w
     if hasattr(drafter, "propose_batch"):
         return drafter.propose_batch(drafters, contexts, gammas, warp, rngs)
     if isinstance(drafter, ModelDrafter) and type(drafter).propose in (
-            ModelDrafter.propose, draft_model.TunedModelDrafter.propose):
+            ModelDrafter.propose, draft_model.FusedModelDrafter.propose,
+            draft_model.TunedModelDrafter.propose):
         return draft_model.propose_batch(drafters, contexts, gammas, warp, rngs)
     return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
 

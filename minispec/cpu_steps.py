@@ -259,6 +259,52 @@ class CpuSteps:
                                 v=[[c.v[i] for c in caches] for i in layers])
         return static_layers(m, kernels, h, positions, batch)
 
+    def greedy_chain(self, feed, cache, g: int, v: int):
+        """g greedy drafts of this (draft) model in one numba call (kernels.greedy_chain): the
+        tokens `feed` at positions cache.length.., then each draft fed back in turn, the last
+        one not -> (tokens [g] int64, logits [g, V_draft] float32: the last row of each step,
+        whose argmax over the first v ids is that step's token); cache.length grows by
+        len(feed) + g - 1, as a ModelDrafter's g calls grow it. None (nothing done) where it
+        does not serve: a block `_block_weights` does not take, weights of mixed types, an
+        embedding not kept in float32, a sliding window, more than MAX_TOKENS tokens fed.
+        What FusedModelDrafter calls at temperature 0."""
+        m, t = self.model, len(feed)
+        layers = self._chain_weights()
+        if (layers is None or not 1 <= t <= MAX_TOKENS or g < 1 or not kernel_in_use()
+                or m.config.sliding_window is not None):
+            return None
+        ids = m._token_array(feed)
+        pos = cache.length
+        m._check_span(pos, t + g - 1, cache)
+        self._tables(pos + t + g - 1)
+        tokens = np.empty(g, dtype=np.int64)
+        logits = np.empty((g, m.vocab_size), dtype=np.float32)
+        c = m.config
+        self.kernels._k.greedy_chain(
+            ids, pos, m.weights["embed"], *layers, np.float32(c.norm_eps), m._cos, m._sin,
+            cache.k, cache.v, c.n_heads, c.n_kv_heads, np.float32(1.0 / math.sqrt(c.head_dim)),
+            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), min(v, m.vocab_size),
+            tokens, logits)
+        cache.length = pos + t + g - 1
+        return tokens, logits
+
+    def _chain_weights(self):
+        """greedy_chain's per-layer weights as numba lists (attention norms, wqkv, wo, MLP
+        norms, gate, up, down) and the MLP's width, made once; None where it does not serve."""
+        if not hasattr(self, "_chain"):
+            self._chain = None
+            m, one = self.model, self.kernels
+            w = m.weights
+            tables = None if m._inv_freq is None else (m._cos, m._sin)
+            blocks = [one._block_weights(p, tables) for p in w["layers"]]
+            if (all(b is not None for b in blocks) and w["embed"].dtype == np.float32
+                    and w["pos_embed"] is None and w["norm_b"] is None):
+                downs = [kernel_weight(p["w_down"]) for p in w["layers"]]
+                lists = [[b[i] for b in blocks] for i in range(6)] + [downs]
+                if all(len({(a.dtype, a.ndim) for a in arrays}) == 1 for arrays in lists):
+                    self._chain = (*(one._k.typed_list(a) for a in lists), blocks[0][6])
+        return self._chain
+
     def hidden_tree(self, ids, parents, m: int, cache):
         model, t = self.model, len(ids)
         if not 1 <= t <= MAX_TOKENS or model.config.sliding_window is not None:

@@ -22,6 +22,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+_front = None  # the compiled _block_front (the greedy chain calls it)
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -38,11 +39,11 @@ def compiled() -> SimpleNamespace | None:
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
-    its GGUF blocks (block_tiles)."""
+    its GGUF blocks (block_tiles); greedy_chain, a draft model's greedy chain of drafts."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight
+    global _block_unpack, _block_sums, _weight, _front
     if _KERNELS is None:
         try:
             import numba
@@ -64,11 +65,13 @@ def compiled() -> SimpleNamespace | None:
         _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
         _either_product(numba, block_product)
+        _front = jit(_block_front)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
-                                   attention=_attend, block_front=jit(_block_front),
+                                   attention=_attend, block_front=_front,
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
-                                   block_product=block_product)
+                                   block_product=block_product,
+                                   greedy_chain=jit(_greedy_chain))
     return _KERNELS or None
 
 
@@ -763,6 +766,53 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
         _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
                 att[lo:hi])
     return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
+
+
+def _greedy_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups,
+                  w_downs, f, eps, cos, sin, k_cache, v_cache, n_heads, n_kv, scale, window,
+                  norm_w, head, v, tokens, logits):  # pragma: no cover - runs compiled
+    # g = len(tokens) greedy drafts of a Llama-shaped model in one call: its layers (per-layer
+    # weights in numba lists; caches [L, K, S_max, E]) over the tokens `ids` at positions pos..,
+    # then the final norm and LM head on the last row -> logits[0] and tokens[0], the argmax of
+    # its first v logits (the first on ties, as np.argmax); then each draft fed back in turn,
+    # one row a step, for tokens[1..]. The last draft is not fed. SiLU(gate) * up is
+    # model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ from the
+    # step's, which only a draft ever sees.
+    no_tree = np.zeros(0, np.uint32)
+    has_tree = no_tree.shape[0] > 0  # False, as a value (as in _batch_front)
+    x = np.empty((ids.shape[0], embed.shape[1]), np.float32)
+    for r in range(ids.shape[0]):
+        x[r] = embed[ids[r]]
+    at = pos
+    for s in range(tokens.shape[0]):
+        t = x.shape[0]
+        positions = np.arange(at, at + t)
+        h = x
+        for i in range(len(wqkvs)):
+            h, gate, up = _front(h, attn_norm_ws[i], wqkvs[i], wos[i], mlp_norm_ws[i], w_gates[i],
+                                 w_ups[i], f, eps, cos, sin, k_cache[i], v_cache[i], positions,
+                                 positions, no_tree, has_tree, n_heads, n_kv, scale, window)
+            for r in range(t):
+                for j in range(f):
+                    half = np.tanh(gate[r, j] * np.float32(0.5))
+                    gate[r, j] = gate[r, j] * ((half + np.float32(1)) * np.float32(0.5)) * up[r, j]
+            y = np.empty_like(h)
+            _any_product(gate, w_downs[i], y)
+            for r in range(t):
+                for j in range(y.shape[1]):
+                    y[r, j] += h[r, j]  # h + mlp
+            h = y
+        last = np.empty((1, h.shape[1]), np.float32)
+        _norm(h[t - 1:], norm_w, eps, last)
+        _any_product(last, head, logits[s:s + 1])
+        best = 0
+        for j in range(1, v):
+            if logits[s, j] > logits[s, best]:
+                best = j
+        tokens[s] = best
+        x = np.empty((1, embed.shape[1]), np.float32)
+        x[0] = embed[best]
+        at += t
 
 
 def _heads_kernel(x, attn_norm_w, wqkv, eps, heads, e):  # pragma: no cover - runs compiled

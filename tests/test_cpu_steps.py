@@ -11,7 +11,7 @@ from conftest import FAMILIES, tiny_config
 from minispec import cpu_steps
 from minispec.core.sampling import Sampling
 from minispec.core.speculative import Request, generate
-from minispec.drafters import ModelDrafter, NoDrafter
+from minispec.drafters import FusedModelDrafter, ModelDrafter, NoDrafter, make_drafter
 from minispec.errors import MinispecError
 from minispec.loader import load, random_model
 from minispec.tree import hidden_tree
@@ -262,6 +262,62 @@ def test_a_batch_gives_each_sequence_its_own_step_bit_for_bit(family, config):
         n = b.length
         assert a.length == n and np.array_equal(a.k[:, :, :n], b.k[:, :, :n])
     assert len(calls) == (3 * fast.n_layers if family in ("llama", "mistral") else 0)
+
+
+@pytest.mark.parametrize("family, config", [("llama", {}), ("llama", HEAD_64),
+                                            ("llama", {"n_layers": 3}), ("qwen2", {}),
+                                            ("mistral", {}), ("gpt2", {})])
+def test_a_greedy_chain_is_the_steps_one_by_one(family, config):
+    """greedy_chain (one numba call for a draft model's g greedy steps) against the plain path's
+    calls: 2 tokens fed, then each argmax fed back, the last one not: the same drafts, logits
+    and cached keys and values to float32 rounding, the cache as long. Biases (qwen2), a window
+    (mistral) and LayerNorm (gpt2) are not served: None, the cache untouched."""
+    rng = np.random.default_rng(5)
+    plain, fast, (a_cache, b_cache) = _warm_pair(family, 4, rng, 7, **config)
+    feed, g = [11, 30], 4
+    done = fast.fast_steps.greedy_chain(feed, b_cache, g, 48)
+    if family != "llama":
+        assert done is None and b_cache.length == 7
+        return
+    tokens, logits = done
+    assert tokens.shape == (g,) and logits.shape == (g, 48)
+    for i in range(g):
+        step = plain.forward(feed if i == 0 else [int(tokens[i - 1])], a_cache)[-1]
+        _close(logits[i], step)
+        assert tokens[i] == np.argmax(step) == np.argmax(logits[i])
+    assert b_cache.length == a_cache.length == 7 + len(feed) + g - 1
+    n = a_cache.length
+    _close(b_cache.k[:, :, :n], a_cache.k[:, :, :n])
+    _close(b_cache.v[:, :, :n], a_cache.v[:, :, :n])
+
+
+def test_the_fused_drafter_drafts_what_the_core_loop_drafts(shipped_fast, monkeypatch):
+    """make_drafter("model") on the CPU step: at T = 0 its chains come from greedy_chain, with the
+    core ModelDrafter's drafts round by round and autoregressive decoding's output; sampled, it
+    is the core's loop (greedy_chain never called), the same seeded output and rounds."""
+    target, draft = shipped_fast
+    fused = make_drafter("model", target, draft_model=draft)
+    assert type(fused) is FusedModelDrafter
+    served = []
+    chain = draft.fast_steps.greedy_chain
+    monkeypatch.setattr(draft.fast_steps, "greedy_chain",
+                        lambda *a: served.append(chain(*a)) or served[-1])
+    for temperature in (0.0, 1.0):
+        sampling, request = Sampling(temperature), Request(40, None, seed=3)
+        for prompt in ([3, 14, 15, 92, 65], list(range(100, 160, 3))):
+            core = generate(target, ModelDrafter(target, draft), prompt, sampling, request,
+                            gamma=4)
+            ours = generate(target, fused, prompt, sampling, request, gamma=4)
+            assert ours.tokens == core.tokens
+            assert ours.stats.rounds == core.stats.rounds  # drafts, kept, tokens: all equal
+            assert ours.stats.draft_calls == core.stats.draft_calls
+            if temperature == 0:
+                ar = generate(target, NoDrafter(target), prompt, sampling, request, gamma=0)
+                assert ours.tokens == ar.tokens
+        if temperature == 0:
+            assert served and all(done is not None for done in served)
+            served.clear()
+    assert not served
 
 
 def test_calls_the_step_does_not_serve_take_the_plain_path():

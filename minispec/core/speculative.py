@@ -347,6 +347,7 @@ def make_warp(sampling: Sampling, V: int):
             probs = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, V - probs.shape[-1])])
         return probs  # [..., V]
 
+    warp.sampling = sampling  # the settings, for a drafter that drafts greedily its own way
     return warp
 
 

@@ -3,7 +3,8 @@
 The contract every drafter follows is in minispec/core/drafter.py (trees extend it in
 minispec/tree.py, batches in minispec/batch.py). Seven drafters ship, chosen by name with
 `make_drafter`:
-    "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q)
+    "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q); made as a
+                  FusedModelDrafter, whose greedy chains take one numba call on the CPU step
     "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
                   the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
     "early-exit"  EarlyExitDrafter: the target's own first k layers and its head, sharing the
@@ -33,7 +34,7 @@ from ..errors import MinispecError
 from ..safetensors import SafetensorsFile
 from ..shipped import SHIPPED
 from .auto import HEAD_CHAIN, LOOKUP_MIN_N, AutoDrafter
-from .draft_model import TunedModelDrafter
+from .draft_model import FusedModelDrafter, TunedModelDrafter
 from .eagle import EagleDrafter, load_eagle, random_eagle
 from .early_exit import EarlyExitDrafter, default_exit_layer
 from .files import find_head_dir, read_head_dir
@@ -71,7 +72,8 @@ PRESET_GAMMA = {"auto": AUTO_GAMMA}
 
 __all__ = [
     "AUTO_GAMMA", "AutoDrafter", "DRAFTERS", "Draft", "Drafter", "EAGLE_COPY", "EAGLE_STOP",
-    "EagleDrafter", "EarlyExitDrafter", "HEAD_CHAIN", "MODEL_STOP", "MedusaDrafter", "ModelDrafter",
+    "EagleDrafter", "EarlyExitDrafter", "FusedModelDrafter", "HEAD_CHAIN", "MODEL_STOP",
+    "MedusaDrafter", "ModelDrafter",
     "NgramDrafter", "NoDrafter", "PRESETS", "PRESET_GAMMA",
     "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
     "find_ngram", "find_ngrams", "head_draft_vocab", "load_draft_vocab", "load_eagle",
@@ -110,7 +112,7 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
         if draft_vocab is None and stop is None:
-            return ModelDrafter(target, draft_model)
+            return FusedModelDrafter(target, draft_model)
         return TunedModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":
         if draft_model is None:

@@ -378,7 +378,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     With --assistant, a draft model drafts for both minispec and transformers' assisted
     generation. At T = 0 every method's output is checked against autoregressive decoding's."""
     from ..core.speculative import Request, generate
-    from ..drafters import ModelDrafter, NoDrafter, TunedModelDrafter, make_drafter
+    from ..drafters import NoDrafter, TunedModelDrafter, make_drafter
     from ..loader import load
 
     if args.quick:
@@ -449,7 +449,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
             methods[f"minispec {n}"] = minispec_method(make_drafter(name, target, **options),
                                                        PRESET_GAMMA.get(n, gamma))
         if assistant is not None:  # its chain, and its chain ended by its confidence
-            methods["minispec model"] = minispec_method(ModelDrafter(target, assistant), gamma)
+            methods["minispec model"] = minispec_method(
+                make_drafter("model", target, draft_model=assistant), gamma)
             methods["minispec model-stop"] = minispec_method(TunedModelDrafter(
                 target, assistant, head_draft_vocab(target), MODEL_STOP), gamma)
         if use_hf:
@@ -654,10 +655,10 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
 def _methods(args, target, draft, gamma, eos, hf):
     """{name: generate(ids) -> result} for every method the run compares."""
     from ..core.speculative import Request, generate
-    from ..drafters import ModelDrafter, NoDrafter
+    from ..drafters import NoDrafter, make_drafter
 
     sampling, request = Sampling(args.temperature), Request(args.max_new_tokens, eos, seed=0)
-    plain, drafter = NoDrafter(target), ModelDrafter(target, draft)
+    plain, drafter = NoDrafter(target), make_drafter("model", target, draft_model=draft)
     methods = {
         "minispec autoregressive":
             lambda ids: generate(target, plain, ids, sampling, request, gamma=0),
