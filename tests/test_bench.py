@@ -91,6 +91,9 @@ def test_bench_json_is_consistent(pair, capsys):
     assert 0 < lp["gamma"] <= 4
     assert lp["predicted_speedup"] == pytest.approx(harness.predicted_speedup_measured_verify(
         th["alpha"], lp["gamma"], lp["c"], lp["verify_ratio"]))
+    # and what a draft cost in the loop, beside the draft model's weight products
+    draft_ms = lp["c"] * lp["step_s"] * 1e3
+    assert f"in the decode loop a draft {draft_ms:.3f} ms, " in bench.format_report(r)
     # speculative decoding is lossless: greedy outputs agree token for token
     agree = r["greedy_agreement"]["minispec speculative vs minispec autoregressive"]
     assert agree["identical"] == agree["total"] == r["settings"]["num_prompts"]

@@ -861,7 +861,7 @@ def format_report(report: dict) -> str:
         (f"  the rest of a decode step (attention, norms, RoPE, the head's warp and draw, the "
          f"loop's Python): {fl['rest_of_step_s'] * ms:.3f} ms, {fl['rest_of_step_share']:.0%} of "
          f"the loop's token; the draft step {costs['draft_step_s'] / costs['draft_matmul_s']:.2f}x"
-         f" its weight products"),
+         f" its weight products" + _draft_in_loop(th.get("loop"), costs["draft_matmul_s"])),
         "",
         "generation (new tokens only; decode: after each prompt's first round, which holds its "
         "prefill)",
@@ -923,6 +923,16 @@ def format_report(report: dict) -> str:
     for key, a in report["aims"].items():
         lines.append(f"  [{'met' if a['met'] else 'NOT met':>7}] {key}: {a['value']:.2f}")
     return "\n".join(lines)
+
+
+def _draft_in_loop(loop: dict | None, products_s: float) -> str:
+    """What a draft cost inside the decode loop (the drafter's own timer: its forward calls,
+    warp, draw and Python), beside its weight products; "" without the loop's costs."""
+    if loop is None:
+        return ""
+    draft = loop["c"] * loop["step_s"]
+    return (f"; in the decode loop a draft {draft * 1e3:.3f} ms, {draft / products_s:.2f}x them "
+            f"(the drafter's timer: its calls, warp, draw and Python)")
 
 
 def plot(report: dict, path: str) -> str:
