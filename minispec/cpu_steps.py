@@ -207,6 +207,7 @@ class CpuSteps:
             raise MinispecError(f"cpu_steps: {why}")
         self.model = model
         self.kernels = NumbaKernels()
+        self._chain = False  # greedy_chain's weights: False until made, None where it cannot
 
     def new_cache(self, max_len=None):
         return Model.new_cache(self.model, max_len)  # a plain cache: nothing is captured
@@ -291,7 +292,7 @@ class CpuSteps:
     def _chain_weights(self):
         """greedy_chain's per-layer weights as numba lists (attention norms, wqkv, wo, MLP
         norms, gate, up, down) and the MLP's width, made once; None where it does not serve."""
-        if not hasattr(self, "_chain"):
+        if self._chain is False:
             self._chain = None
             m, one = self.model, self.kernels
             w = m.weights

@@ -27,10 +27,10 @@ class FusedModelDrafter(ModelDrafter):
     """ModelDrafter, with a greedy chain (temperature 0: each draft the argmax, q one-hot)
     drafted in one call where the draft model takes the CPU step (cpu_steps.enable): its g
     forward calls, LM heads and argmaxes as one numba loop, without the Python between them
-    (a draft of the shipped pair 71-81 us against 153-174 in the core's loop, 2026-12-06).
-    The drafts and their q are the core loop's (q from the loop's own `warp` of the same
-    logits); their logits may differ in the last bits (numba's tanh in the MLP). Anything else
-    (sampling, a model the step does not serve) is the core's loop."""
+    (weights/README.md, "The model drafter's greedy chain in one call"). The drafts and their q
+    are the core loop's (q from the loop's own `warp` of the same logits); their logits may
+    differ in the last bits (numba's tanh in the MLP). Anything else (sampling, a model the
+    step does not serve) is the core's loop."""
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         chain = getattr(getattr(self.model, "fast_steps", None), "greedy_chain", None)
