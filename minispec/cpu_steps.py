@@ -207,7 +207,7 @@ class CpuSteps:
             raise MinispecError(f"cpu_steps: {why}")
         self.model = model
         self.kernels = NumbaKernels()
-        self._chain = False  # greedy_chain's weights: False until made, None where it cannot
+        self._chain = False  # draft_chain's weights: False until made, None where it cannot
 
     def new_cache(self, max_len=None):
         return Model.new_cache(self.model, max_len)  # a plain cache: nothing is captured
@@ -260,15 +260,18 @@ class CpuSteps:
                                 v=[[c.v[i] for c in caches] for i in layers])
         return static_layers(m, kernels, h, positions, batch)
 
-    def greedy_chain(self, feed, cache, g: int, v: int):
-        """g greedy drafts of this (draft) model in one numba call (kernels.greedy_chain): the
-        tokens `feed` at positions cache.length.., then each draft fed back in turn, the last
-        one not -> (tokens [g] int64, logits [g, V_draft] float32: the last row of each step,
-        whose argmax over the first v ids is that step's token); cache.length grows by
-        len(feed) + g - 1, as a ModelDrafter's g calls grow it. None (nothing done) where it
-        does not serve: a block `_block_weights` does not take, weights of mixed types, an
+    def draft_chain(self, feed, cache, g: int, v: int, temperature: float = 0.0, rng=None):
+        """g drafts of this (draft) model in one numba call (kernels.draft_chain): the tokens
+        `feed` at positions cache.length.., then each draft fed back in turn, the last one not
+        -> (tokens [g] int64, logits [g, V_draft] float32: the last row of each step, q [g, v]
+        float64 or None); cache.length grows by len(feed) + g - 1, as a ModelDrafter's g calls
+        grow it. temperature 0: each token the argmax of its step's first v logits, q None;
+        else q[s] = softmax(logits[s, :v] / temperature) and tokens[s] drawn from it as
+        sampling.sample draws, with the s-th of g uniforms taken from `rng` (a numpy Generator)
+        once the call is sure to serve. None (nothing done, nothing drawn) where it does not
+        serve: a block `_block_weights` does not take, weights of mixed types, an
         embedding not kept in float32, a sliding window, more than MAX_TOKENS tokens fed.
-        What FusedModelDrafter calls at temperature 0."""
+        What FusedModelDrafter calls."""
         m, t = self.model, len(feed)
         layers = self._chain_weights()
         if (layers is None or not 1 <= t <= MAX_TOKENS or g < 1 or not kernel_in_use()
@@ -278,19 +281,22 @@ class CpuSteps:
         pos = cache.length
         m._check_span(pos, t + g - 1, cache)
         self._tables(pos + t + g - 1)
+        v = min(v, m.vocab_size)
         tokens = np.empty(g, dtype=np.int64)
         logits = np.empty((g, m.vocab_size), dtype=np.float32)
+        q = np.zeros((g, v) if temperature > 0 else (0, 0))
+        uniforms = rng.random(g) if temperature > 0 else np.zeros(0)  # the core loop's draws
         c = m.config
-        self.kernels._k.greedy_chain(
+        self.kernels._k.draft_chain(
             ids, pos, m.weights["embed"], *layers, np.float32(c.norm_eps), m._cos, m._sin,
             cache.k, cache.v, c.n_heads, c.n_kv_heads, np.float32(1.0 / math.sqrt(c.head_dim)),
-            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), min(v, m.vocab_size),
-            tokens, logits)
+            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), v, float(temperature),
+            uniforms, tokens, logits, q)
         cache.length = pos + t + g - 1
-        return tokens, logits
+        return tokens, logits, q if temperature > 0 else None
 
     def _chain_weights(self):
-        """greedy_chain's per-layer weights as numba lists (attention norms, wqkv, wo, MLP
+        """draft_chain's per-layer weights as numba lists (attention norms, wqkv, wo, MLP
         norms, gate, up, down) and the MLP's width, made once; None where it does not serve."""
         if self._chain is False:
             self._chain = None

@@ -7,8 +7,12 @@ in tests/test_backend.py; the blocks' in tests/test_gguf_blocks.py; model.py's b
 tests/test_cpu_steps.py). They share one file
 because numba caches each compiled function on disk under the file that defines it: a loop
 calling a loop from another file would keep the old machine code of that one after the other
-file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call) and
-`batch_front` (the same for a batch of sequences) call the others.
+file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call),
+`batch_front` (the same for a batch of sequences) and `draft_chain` (a draft model's chain of
+drafts) call the others. None calls another of those three: with `_draft_chain` calling
+`block_front`'s compiled dispatcher (a module global), a second run of the suite on two workers
+loaded machine code that broke block_front's bits (weights/README.md, "The model drafter's chain
+in one call"); calling the pieces, as `_batch_front` does, it did not.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
-_front = None  # the compiled _block_front (the greedy chain calls it)
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -39,11 +42,11 @@ def compiled() -> SimpleNamespace | None:
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
-    its GGUF blocks (block_tiles); greedy_chain, a draft model's greedy chain of drafts."""
+    its GGUF blocks (block_tiles); draft_chain, a draft model's chain of drafts."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight, _front
+    global _block_unpack, _block_sums, _weight
     if _KERNELS is None:
         try:
             import numba
@@ -65,13 +68,12 @@ def compiled() -> SimpleNamespace | None:
         _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
         _either_product(numba, block_product)
-        _front = jit(_block_front)
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
-                                   attention=_attend, block_front=_front,
+                                   attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
                                    block_product=block_product,
-                                   greedy_chain=jit(_greedy_chain))
+                                   draft_chain=numba.njit(cache=True)(_draft_chain))
     return _KERNELS or None
 
 
@@ -768,16 +770,21 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
     return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
 
 
-def _greedy_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups,
-                  w_downs, f, eps, cos, sin, k_cache, v_cache, n_heads, n_kv, scale, window,
-                  norm_w, head, v, tokens, logits):  # pragma: no cover - runs compiled
-    # g = len(tokens) greedy drafts of a Llama-shaped model in one call: its layers (per-layer
-    # weights in numba lists; caches [L, K, S_max, E]) over the tokens `ids` at positions pos..,
-    # then the final norm and LM head on the last row -> logits[0] and tokens[0], the argmax of
-    # its first v logits (the first on ties, as np.argmax); then each draft fed back in turn,
-    # one row a step, for tokens[1..]. The last draft is not fed. SiLU(gate) * up is
-    # model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ from the
-    # step's, which only a draft ever sees.
+def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups,
+                 w_downs, f, eps, cos, sin, k_cache, v_cache, n_heads, n_kv, scale, window,
+                 norm_w, head, v, temperature, uniforms, tokens, logits,
+                 q):  # pragma: no cover - runs compiled
+    # g = len(tokens) drafts of a Llama-shaped model in one call: its layers (per-layer weights
+    # in numba lists; caches [L, K, S_max, E]) over the tokens `ids` at positions pos.., then
+    # the final norm and LM head on the last row -> logits[0], and tokens[0] from its first v
+    # logits; then each draft fed back in turn, one row a step, for tokens[1..]. The last draft
+    # is not fed. temperature 0: the argmax (the first on ties, as np.argmax), q untouched;
+    # else q[s, :v] = softmax(logits / temperature) in float64 as sampling.warp computes it
+    # (the largest logit subtracted first) and tokens[s] drawn from it with uniforms[s] as
+    # sampling.sample draws (the inverse of the running sum over the ids of q > 0). SiLU(gate)
+    # * up is model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ
+    # from the step's, which only a draft ever sees. Compiled without fastmath: a logit of
+    # -inf, or a NaN, stays what IEEE makes of it.
     no_tree = np.zeros(0, np.uint32)
     has_tree = no_tree.shape[0] > 0  # False, as a value (as in _batch_front)
     x = np.empty((ids.shape[0], embed.shape[1]), np.float32)
@@ -788,10 +795,13 @@ def _greedy_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gate
         t = x.shape[0]
         positions = np.arange(at, at + t)
         h = x
-        for i in range(len(wqkvs)):
-            h, gate, up = _front(h, attn_norm_ws[i], wqkvs[i], wos[i], mlp_norm_ws[i], w_gates[i],
-                                 w_ups[i], f, eps, cos, sin, k_cache[i], v_cache[i], positions,
-                                 positions, no_tree, has_tree, n_heads, n_kv, scale, window)
+        for i in range(len(wqkvs)):  # _block_front's pieces, as _batch_front calls them
+            qkv = _heads(h, attn_norm_ws[i], wqkvs[i], eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
+            att = np.empty((t, n_heads * qkv.shape[2]), np.float32)
+            _rope(qkv, cos, sin, k_cache[i], v_cache[i], positions, positions, n_heads, n_kv)
+            _attend(qkv, k_cache[i], v_cache[i], positions, positions, no_tree, has_tree, n_heads,
+                    scale, window, att)
+            h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
             for r in range(t):
                 for j in range(f):
                     half = np.tanh(gate[r, j] * np.float32(0.5))
@@ -809,6 +819,26 @@ def _greedy_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gate
         for j in range(1, v):
             if logits[s, j] > logits[s, best]:
                 best = j
+        if temperature > 0:
+            top = np.float64(logits[s, best])
+            total = 0.0
+            for j in range(v):
+                q[s, j] = np.exp((np.float64(logits[s, j]) - top) / temperature)
+                total += q[s, j]
+            for j in range(v):
+                q[s, j] /= total
+            mass = 0.0  # the running sum, then the draw
+            for j in range(v):
+                if q[s, j] > 0:
+                    mass += q[s, j]
+            r = uniforms[s] * mass
+            mass = 0.0
+            for j in range(v):
+                if q[s, j] > 0:
+                    best = j  # the last id with q > 0 if r rounded up to the total
+                    mass += q[s, j]
+                    if mass > r:
+                        break
         tokens[s] = best
         x = np.empty((1, embed.shape[1]), np.float32)
         x[0] = embed[best]

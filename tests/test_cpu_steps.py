@@ -9,7 +9,7 @@ import pytest
 from conftest import FAMILIES, tiny_config
 
 from minispec import cpu_steps
-from minispec.core.sampling import Sampling
+from minispec.core.sampling import Sampling, sample, warp
 from minispec.core.speculative import Request, generate
 from minispec.drafters import FusedModelDrafter, ModelDrafter, NoDrafter, make_drafter
 from minispec.errors import MinispecError
@@ -267,24 +267,36 @@ def test_a_batch_gives_each_sequence_its_own_step_bit_for_bit(family, config):
 @pytest.mark.parametrize("family, config", [("llama", {}), ("llama", HEAD_64),
                                             ("llama", {"n_layers": 3}), ("qwen2", {}),
                                             ("mistral", {}), ("gpt2", {})])
-def test_a_greedy_chain_is_the_steps_one_by_one(family, config):
-    """greedy_chain (one numba call for a draft model's g greedy steps) against the plain path's
-    calls: 2 tokens fed, then each argmax fed back, the last one not: the same drafts, logits
-    and cached keys and values to float32 rounding, the cache as long. Biases (qwen2), a window
-    (mistral) and LayerNorm (gpt2) are not served: None, the cache untouched."""
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_draft_chain_is_the_steps_one_by_one(family, config, temperature):
+    """draft_chain (one numba call for a draft model's g steps) against the plain path's calls:
+    2 tokens fed, then each draft fed back, the last one not: the same logits and cached keys
+    and values to float32 rounding, the cache as long; greedy, each draft the argmax; sampled,
+    q the loop's warp of the step's logits (to their rounding) and each draft what
+    sampling.sample draws from it with the same Generator's numbers. Biases (qwen2), a window
+    (mistral) and LayerNorm (gpt2) are not served: None, the cache untouched, nothing drawn."""
     rng = np.random.default_rng(5)
     plain, fast, (a_cache, b_cache) = _warm_pair(family, 4, rng, 7, **config)
-    feed, g = [11, 30], 4
-    done = fast.fast_steps.greedy_chain(feed, b_cache, g, 48)
+    feed, g, seed = [11, 30], 4, 9
+    ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
+    done = fast.fast_steps.draft_chain(feed, b_cache, g, 48, temperature, ours)
     if family != "llama":
         assert done is None and b_cache.length == 7
+        assert ours.random() == theirs.random()  # no number taken
         return
-    tokens, logits = done
+    tokens, logits, q = done
     assert tokens.shape == (g,) and logits.shape == (g, 48)
+    assert (q is None) == (temperature == 0)
     for i in range(g):
         step = plain.forward(feed if i == 0 else [int(tokens[i - 1])], a_cache)[-1]
         _close(logits[i], step)
-        assert tokens[i] == np.argmax(step) == np.argmax(logits[i])
+        if temperature == 0:
+            assert tokens[i] == np.argmax(step) == np.argmax(logits[i])
+        else:
+            want = warp(step, temperature)
+            np.testing.assert_allclose(q[i], want, rtol=1e-4, atol=1e-9)
+            assert q[i].sum() == pytest.approx(1.0, abs=1e-12)
+            assert tokens[i] == sample(want, theirs)
     assert b_cache.length == a_cache.length == 7 + len(feed) + g - 1
     n = a_cache.length
     _close(b_cache.k[:, :, :n], a_cache.k[:, :, :n])
@@ -292,18 +304,19 @@ def test_a_greedy_chain_is_the_steps_one_by_one(family, config):
 
 
 def test_the_fused_drafter_drafts_what_the_core_loop_drafts(shipped_fast, monkeypatch):
-    """make_drafter("model") on the CPU step: at T = 0 its chains come from greedy_chain, with the
-    core ModelDrafter's drafts round by round and autoregressive decoding's output; sampled, it
-    is the core's loop (greedy_chain never called), the same seeded output and rounds."""
+    """make_drafter("model") on the CPU step: greedy, or sampled with temperature alone, its
+    chains come from draft_chain, with the core ModelDrafter's drafts round by round, its output
+    and (greedy) autoregressive decoding's; with top-k it is the core's loop (draft_chain never
+    called), the same seeded output and rounds."""
     target, draft = shipped_fast
     fused = make_drafter("model", target, draft_model=draft)
     assert type(fused) is FusedModelDrafter
     served = []
-    chain = draft.fast_steps.greedy_chain
-    monkeypatch.setattr(draft.fast_steps, "greedy_chain",
+    chain = draft.fast_steps.draft_chain
+    monkeypatch.setattr(draft.fast_steps, "draft_chain",
                         lambda *a: served.append(chain(*a)) or served[-1])
-    for temperature in (0.0, 1.0):
-        sampling, request = Sampling(temperature), Request(40, None, seed=3)
+    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(0.6), Sampling(1.0, top_k=20)):
+        request = Request(40, None, seed=3)
         for prompt in ([3, 14, 15, 92, 65], list(range(100, 160, 3))):
             core = generate(target, ModelDrafter(target, draft), prompt, sampling, request,
                             gamma=4)
@@ -311,13 +324,12 @@ def test_the_fused_drafter_drafts_what_the_core_loop_drafts(shipped_fast, monkey
             assert ours.tokens == core.tokens
             assert ours.stats.rounds == core.stats.rounds  # drafts, kept, tokens: all equal
             assert ours.stats.draft_calls == core.stats.draft_calls
-            if temperature == 0:
+            if sampling.greedy:
                 ar = generate(target, NoDrafter(target), prompt, sampling, request, gamma=0)
                 assert ours.tokens == ar.tokens
-        if temperature == 0:
-            assert served and all(done is not None for done in served)
-            served.clear()
-    assert not served
+        assert bool(served) == (sampling.top_k == 0)
+        assert all(done is not None for done in served)
+        served.clear()
 
 
 def test_calls_the_step_does_not_serve_take_the_plain_path():

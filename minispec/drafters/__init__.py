@@ -4,7 +4,7 @@ The contract every drafter follows is in minispec/core/drafter.py (trees extend 
 minispec/tree.py, batches in minispec/batch.py). Seven drafters ship, chosen by name with
 `make_drafter`:
     "model"       ModelDrafter: a second, smaller model (Leviathan et al.'s M_q); made as a
-                  FusedModelDrafter, whose greedy chains take one numba call on the CPU step
+                  FusedModelDrafter, whose chains take one numba call on the CPU step
     "ngram"       NgramDrafter: prompt lookup, copying what followed an earlier occurrence of
                   the context's last tokens (Saxena 2023, "Prompt Lookup Decoding")
     "early-exit"  EarlyExitDrafter: the target's own first k layers and its head, sharing the

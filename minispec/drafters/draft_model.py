@@ -3,8 +3,8 @@
 minispec/core/drafter.py's ModelDrafter is Leviathan et al.'s M_q, drafting one sequence with a
 plain loop over the draft model's forward pass. Here, built on it:
 
-- `FusedModelDrafter`, the core's drafter with its greedy chains drafted in one numba call on
-  the CPU step (cpu_steps.CpuSteps.greedy_chain): what make_drafter("model") makes;
+- `FusedModelDrafter`, the core's drafter with its chain drafted in one numba call on the CPU
+  step (cpu_steps.CpuSteps.draft_chain): what make_drafter("model") makes;
 - `TunedModelDrafter`, the draft model with two options, both exact (the verify step is
   unchanged): a cut draft vocabulary (FR-Spec) and a chain of dynamic length (`stop`);
 - `propose_batch`: every sequence of a batch drafted in one call of the draft model per step
@@ -24,28 +24,39 @@ from .vocab import DraftVocab
 
 
 class FusedModelDrafter(ModelDrafter):
-    """ModelDrafter, with a greedy chain (temperature 0: each draft the argmax, q one-hot)
-    drafted in one call where the draft model takes the CPU step (cpu_steps.enable): its g
-    forward calls, LM heads and argmaxes as one numba loop, without the Python between them
-    (weights/README.md, "The model drafter's greedy chain in one call"). The drafts and their q
-    are the core loop's (q from the loop's own `warp` of the same logits); their logits may
-    differ in the last bits (numba's tanh in the MLP). Anything else (sampling, a model the
-    step does not serve) is the core's loop."""
+    """ModelDrafter, with its chain drafted in one call where the draft model takes the CPU
+    step (cpu_steps.enable): the g forward calls, LM heads and draws as one numba loop, without
+    the Python between them (weights/README.md, "The model drafter's chain in one call").
+    Greedy (temperature 0): each draft the argmax, q the loop's own `warp` of the same logits,
+    one-hot. Sampled with temperature alone (top-k and top-p off): q the softmax the loop's warp
+    computes, in float64, and each draft drawn from it as sampling.sample draws, its uniform
+    taken from `rng` in the core loop's order (q's last bits may differ from warp's: q is the
+    distribution the draft was drawn from, which is what verify needs). The logits may differ
+    from the core loop's in the last bits (numba's tanh in the MLP). Anything else (top-k,
+    top-p, a model the step does not serve) is the core's loop."""
 
     def propose(self, context, gamma, warp, rng) -> Draft:
-        chain = getattr(getattr(self.model, "fast_steps", None), "greedy_chain", None)
-        sampling = getattr(warp, "sampling", None)
-        if chain is None or sampling is None or not sampling.greedy:
+        chain = getattr(getattr(self.model, "fast_steps", None), "draft_chain", None)
+        s = getattr(warp, "sampling", None)
+        if chain is None or s is None or (not s.greedy and (s.top_k or s.top_p < 1)):
             return super().propose(context, gamma, warp, rng)
         g, feed = self.prepare(context, gamma)
-        done = chain(feed, self.cache, g, self.vocab_size) if g else None
-        if done is None:
+        if g == 0:
             return super().propose(context, gamma, warp, rng)
-        tokens, logits = done
-        q = warp(logits)  # [g, V]: one-hot at each argmax, with warp's checks of the logits
-        if not (q[np.arange(g), tokens] == 1.0).all():
-            raise MinispecError(f"model: the greedy chain drafted {tokens.tolist()}, not the "
-                                f"argmax of its logits")
+        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng)
+        if done is None:  # nothing drawn from rng: the core's loop draws as it would have
+            return super().propose(context, gamma, warp, rng)
+        tokens, logits, q = done
+        if s.greedy:
+            q = warp(logits)  # [g, V]: one-hot at each argmax, with warp's checks of the logits
+            if not (q[np.arange(g), tokens] == 1.0).all():
+                raise MinispecError(f"model: the greedy chain drafted {tokens.tolist()}, not "
+                                    f"the argmax of its logits")
+        else:
+            v = q.shape[1]
+            if not np.isfinite(logits[:, :v].max(axis=1)).all():
+                warp(logits)  # raises, naming what is wrong with the logits
+            q = np.pad(q, [(0, 0), (0, self.vocab_size - v)])  # [g, V]: padded ids q = 0
         self.calls += g
         self._synced, self._fed = len(context), tokens[:g - 1].tolist()
         return Draft(tokens, q)
