@@ -332,6 +332,31 @@ def test_the_fused_drafter_drafts_what_the_core_loop_drafts(shipped_fast, monkey
         served.clear()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_fused_drafter_with_a_smaller_vocabulary_up_to_the_context_limit(temperature,
+                                                                             monkeypatch):
+    """A draft model of 40 ids for a target of 48 (no tokenizers: q is 0 past the draft's ids)
+    and generations that run into the 64-position context (the last rounds draft less): the
+    fused chain gives the core loop's rounds and output, seeded."""
+    target = random_model(tiny_config("llama"), seed=1, scale=0.3)
+    draft = random_model(tiny_config("llama", vocab_size=40, n_layers=1), seed=2, scale=0.3)
+    cpu_steps.enable_where_supported(target, draft)
+    served, chain = [], draft.fast_steps.draft_chain
+    monkeypatch.setattr(draft.fast_steps, "draft_chain",
+                        lambda *a: served.append(chain(*a)) or served[-1])
+    sampling = Sampling(temperature)
+    for prompt, n in (([5, 9, 3], 30), (list(range(1, 40)), 40)):
+        request = Request(n, None, seed=4)
+        core = generate(target, ModelDrafter(target, draft), prompt, sampling, request, gamma=4)
+        fused = generate(target, FusedModelDrafter(target, draft), prompt, sampling, request,
+                         gamma=4)
+        assert fused.tokens == core.tokens
+        assert fused.stats.rounds == core.stats.rounds
+    assert len(prompt) + len(fused.tokens) == 64  # the context's end
+    # every round but the 39-token prompt's first (a prefill: the core's loop) took the chain
+    assert sum(done is None for done in served) == 1 and len(served) >= 8
+
+
 def test_calls_the_step_does_not_serve_take_the_plain_path():
     """More than MAX_TOKENS tokens (a prefill) is model.py's call, bit for bit."""
     plain, fast, (a, b) = _warm_pair("llama", 7, np.random.default_rng(1), 0)
