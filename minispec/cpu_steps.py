@@ -265,8 +265,9 @@ class CpuSteps:
         `feed` at positions cache.length.., then each draft fed back in turn, the last one not
         -> (tokens [g] int64, logits [g, V_draft] float32: the last row of each step, q [g, v]
         float64 or None); cache.length grows by len(feed) + g - 1, as a ModelDrafter's g calls
-        grow it. temperature 0: each token the argmax of its step's first v logits, q None;
-        else q[s] = softmax(logits[s, :v] / temperature) and tokens[s] drawn from it as
+        grow it. v: the ids sampled (a drafter's vocab_size; past V_draft q is 0). temperature 0:
+        each token the argmax of its step's first min(v, V_draft) logits, q None; else q[s] =
+        their softmax at that temperature, and tokens[s] drawn from it as
         sampling.sample draws, with the s-th of g uniforms taken from `rng` (a numpy Generator)
         once the call is sure to serve. None (nothing done, nothing drawn) where it does not
         serve: a block `_block_weights` does not take, weights of mixed types, an
@@ -281,17 +282,16 @@ class CpuSteps:
         pos = cache.length
         m._check_span(pos, t + g - 1, cache)
         self._tables(pos + t + g - 1)
-        v = min(v, m.vocab_size)
         tokens = np.empty(g, dtype=np.int64)
         logits = np.empty((g, m.vocab_size), dtype=np.float32)
-        q = np.zeros((g, v) if temperature > 0 else (0, 0))
+        q = np.zeros((g, v) if temperature > 0 else (0, 0))  # ids past V_draft stay 0
         uniforms = rng.random(g) if temperature > 0 else np.zeros(0)  # the core loop's draws
         c = m.config
         self.kernels._k.draft_chain(
             ids, pos, m.weights["embed"], *layers, np.float32(c.norm_eps), m._cos, m._sin,
             cache.k, cache.v, c.n_heads, c.n_kv_heads, np.float32(1.0 / math.sqrt(c.head_dim)),
-            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), v, float(temperature),
-            uniforms, tokens, logits, q)
+            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), min(v, m.vocab_size),
+            float(temperature), uniforms, tokens, logits, q)
         cache.length = pos + t + g - 1
         return tokens, logits, q if temperature > 0 else None
 

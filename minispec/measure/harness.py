@@ -396,7 +396,8 @@ def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, ga
     load.
 
     Returns (time_methods' result, the median of each round_costs field over the samples, plus
-    "rounds": how many rounds the medians cover). between(): anything else to time there.
+    "rounds": how many rounds the medians cover, and "context": the positions they were timed
+    at). between(): anything else to time there.
     """
     samples = []
     context = min(context, target.config.max_position_embeddings // 2)  # tiny test models
@@ -409,7 +410,7 @@ def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, ga
     timed = time_methods(methods, prompts, repeats, sample)
     sample()
     costs = {k: median([s[k] for s in samples]) for k in samples[0]}
-    costs["rounds"] = COST_ROUNDS * len(samples)
+    costs["rounds"], costs["context"] = COST_ROUNDS * len(samples), context
     return timed, costs
 
 

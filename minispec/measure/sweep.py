@@ -128,7 +128,7 @@ def sweep(target, drafter: str, prompts: Sequence[list[int]], *, draft_model=Non
         "target_step_s": harness.median([c["target_step_s"] for c in steps]),
         "draft_step_s": None if step is None else harness.median(
             [c["draft_step_s"] for c in steps]),
-        "step_context": min(context, target.config.max_position_embeddings // 2),
+        "step_context": steps[0]["context"],
         "rows": rows,
         "recommended_gamma": best["gamma"],
     }
