@@ -64,13 +64,19 @@ from .tree import TreeDrafter, check_draft, finish_round, hidden_tree, settle
 # has its own copy of the batch's drafter (a shallow copy sharing weights and settings), which
 # `start` gives state of its own. Two optional methods let a drafter serve the whole batch in
 # fewer calls, propose_batch and target_forward_batch (EarlyExitDrafter has both); a draft model
-# drafts for every sequence in one call per step (minispec/drafters/draft_model.py).
+# drafts for every sequence in one call per step (minispec/drafters/draft_model.py), except
+# in a batch of one or two, where each sequence's chain in one call of its own is faster.
+
+CHAINS_UP_TO = 2  # the most sequences FusedModelDrafter drafts one chain-call at a time:
+# weights/README.md, "A small batch's drafts, one chain each"
 
 
 def propose_batch(drafter: Drafter, drafters: list[Drafter], contexts, gammas, warp, rngs):
     """`propose` for each sequence of a batch (drafters: their copies of `drafter`)."""
     if hasattr(drafter, "propose_batch"):
         return drafter.propose_batch(drafters, contexts, gammas, warp, rngs)
+    if isinstance(drafter, draft_model.FusedModelDrafter) and len(drafters) <= CHAINS_UP_TO:
+        return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
     if isinstance(drafter, ModelDrafter) and type(drafter).propose in (
             ModelDrafter.propose, draft_model.FusedModelDrafter.propose,
             draft_model.TunedModelDrafter.propose):
@@ -457,6 +463,8 @@ class BatchDecoder:
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=DEFAULT_GAMMA,
                  verify=minispec_verify, costs: BatchCosts | None = None,
                  max_batch: int | None = None) -> None:
+        if isinstance(drafter, Model) and isinstance(target, Model):  # as make_drafter("model")
+            drafter = draft_model.FusedModelDrafter(target, drafter)  # makes: one call a chain
         self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
         self.target, self.sampling, self.verify = target, sampling, verify
         self.gamma = gamma

@@ -357,6 +357,49 @@ def test_the_fused_drafter_with_a_smaller_vocabulary_up_to_the_context_limit(tem
     assert sum(done is None for done in served) == 1 and len(served) >= 8
 
 
+def test_a_small_batch_drafts_one_chain_each_with_the_batched_steps_rounds(shipped_fast,
+                                                                           monkeypatch):
+    """generate_batch with a draft model on the CPU step: while a batch has up to CHAINS_UP_TO
+    live sequences each chain is drafted in one call (draft_chain), with more one batched call
+    per draft step; greedy, both give each prompt its autoregressive output, and sampled, a
+    sequence's rounds (drafts, kept, tokens) are the same alone as in a batch of three."""
+    from minispec.batch import CHAINS_UP_TO, BatchDecoder, generate_batch
+    from minispec.drafters import draft_model
+
+    def finish(decoder):
+        done = []
+        while decoder.live:
+            done += decoder.step()
+        return done[0][1]
+
+    target, draft = shipped_fast
+    served, chain = [], draft.fast_steps.draft_chain
+    monkeypatch.setattr(draft.fast_steps, "draft_chain",
+                        lambda *a: served.append(chain(*a)) or served[-1])
+    batched, steps = [], draft_model.propose_batch
+    monkeypatch.setattr(draft_model, "propose_batch",
+                        lambda ds, *a: batched.append(len(ds)) or steps(ds, *a))
+    prompts = [[3, 14, 15, 92, 65], list(range(100, 160, 3)), [7, 7, 8, 9, 1000, 2]]
+    assert CHAINS_UP_TO < len(prompts)
+    for temperature in (0.0, 1.0):
+        kw = {"gamma": 4, "max_new_tokens": 24, "temperature": temperature, "seed": 5}
+        alone = []
+        for i, p in enumerate(prompts):  # each alone, with the stream it has in the batch
+            decoder = BatchDecoder(target, draft, Sampling(temperature), gamma=4)
+            decoder.add(p, Request(24), np.random.default_rng([5, i]))
+            alone.append(finish(decoder))
+        assert served and all(done is not None for done in served) and not batched
+        crowd = generate_batch(target, draft, prompts, **kw)
+        assert batched and min(batched) > CHAINS_UP_TO  # three live: batched steps
+        batched.clear()
+        for a, c in zip(alone, crowd):
+            assert a.tokens == c.tokens and a.stats.rounds == c.stats.rounds
+        if temperature == 0:
+            for p, a in zip(prompts, alone):
+                ar = generate(target, NoDrafter(target), p, Sampling(0.0), Request(24), gamma=0)
+                assert a.tokens == ar.tokens
+
+
 def test_calls_the_step_does_not_serve_take_the_plain_path():
     """More than MAX_TOKENS tokens (a prefill) is model.py's call, bit for bit."""
     plain, fast, (a, b) = _warm_pair("llama", 7, np.random.default_rng(1), 0)

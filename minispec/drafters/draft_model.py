@@ -8,7 +8,8 @@ plain loop over the draft model's forward pass. Here, built on it:
 - `TunedModelDrafter`, the draft model with two options, both exact (the verify step is
   unchanged): a cut draft vocabulary (FR-Spec) and a chain of dynamic length (`stop`);
 - `propose_batch`: every sequence of a batch drafted in one call of the draft model per step
-  (minispec/batch.py calls it for any ModelDrafter), the options included.
+  (minispec/batch.py calls it for any ModelDrafter, the options included, but for a
+  FusedModelDrafter in a batch of one or two sequences, which drafts each chain in its call).
 """
 
 from __future__ import annotations
