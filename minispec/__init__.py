@@ -52,6 +52,7 @@ __all__ = [
     "random_model",
     "sample",
     "speculative_generate",
+    "use_speed_path",
     "verify",
     "warp",
 ]
@@ -60,7 +61,8 @@ __all__ = [
 # none of them (tests/test_core.py).
 _EXTENSIONS = {"DeviceRounds": ("device_rounds", "DeviceRounds"),
                "generate_batch": ("batch", "generate_batch"),
-               "make_drafter": ("drafters", "make_drafter")}
+               "make_drafter": ("drafters", "make_drafter"),
+               "use_speed_path": ("cpu_steps", "enable_where_supported")}
 
 
 def __getattr__(name: str):

@@ -335,7 +335,8 @@ def enable(model) -> CpuSteps:
 def enable_where_supported(*models) -> None:
     """The speed path for each model that one serves: CUDA graphs on the GPU
     (cuda_graphs.enable_where_supported), this file's step on the CPU; None entries and others
-    left plain. What the command line and the benchmarks call after loading."""
+    left plain. What the command line and the benchmarks call after loading; minispec.use_speed_path
+    for a script."""
     from .cuda_graphs import enable_where_supported as on_the_gpu
 
     on_the_gpu(*models)  # cuda_graphs.supported refuses a CPU model, as `supported` a GPU one

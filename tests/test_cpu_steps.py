@@ -400,6 +400,27 @@ def test_a_small_batch_drafts_one_chain_each_with_the_batched_steps_rounds(shipp
                 assert a.tokens == ar.tokens
 
 
+def test_use_speed_path_puts_a_script_on_the_step_with_the_plain_paths_tokens():
+    """minispec.use_speed_path, the README's call for a script: each model the CPU step serves
+    takes it (None and others left plain), and the draft model's chain then comes in one call,
+    with the plain path's greedy tokens."""
+    import minispec
+
+    plain_t, plain_d = load("shipped:target", device="cpu"), load("shipped:draft", device="cpu")
+    target, draft = load("shipped:target", device="cpu"), load("shipped:draft", device="cpu")
+    odd = random_model(tiny_config("qwen3"), seed=0)  # the step does not serve Qwen3
+    minispec.use_speed_path(target, draft, None, odd)
+    assert target.fast_steps is not None and draft.fast_steps is not None
+    assert getattr(odd, "fast_steps", None) is None
+    assert getattr(plain_t, "fast_steps", None) is None
+    ids = target.tokenizer.encode("import os\n")
+    kw = {"gamma": 4, "max_new_tokens": 32, "temperature": 0.0}
+    fast = minispec.speculative_generate(
+        target, minispec.make_drafter("model", target, draft_model=draft), ids, **kw)
+    slow = minispec.speculative_generate(plain_t, plain_d, ids, **kw)
+    assert fast.tokens == slow.tokens and fast.stats.rounds == slow.stats.rounds
+
+
 def test_calls_the_step_does_not_serve_take_the_plain_path():
     """More than MAX_TOKENS tokens (a prefill) is model.py's call, bit for bit."""
     plain, fast, (a, b) = _warm_pair("llama", 7, np.random.default_rng(1), 0)
