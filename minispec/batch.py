@@ -65,17 +65,19 @@ from .tree import TreeDrafter, check_draft, finish_round, hidden_tree, settle
 # `start` gives state of its own. Two optional methods let a drafter serve the whole batch in
 # fewer calls, propose_batch and target_forward_batch (EarlyExitDrafter has both); a draft model
 # drafts for every sequence in one call per step (minispec/drafters/draft_model.py), except
-# in a batch of one or two, where each sequence's chain in one call of its own is faster.
+# on the CPU step in a batch of one or two, where each sequence's chain in one numba call of its
+# own (FusedModelDrafter) is faster.
 
-CHAINS_UP_TO = 2  # the most sequences FusedModelDrafter drafts one chain-call at a time:
-# weights/README.md, "A small batch's drafts, one chain each"
+CHAINS_UP_TO = 2  # the most live sequences drafted one chain-call each (weights/README.md,
+# "A small batch's drafts, one chain each")
 
 
 def propose_batch(drafter: Drafter, drafters: list[Drafter], contexts, gammas, warp, rngs):
     """`propose` for each sequence of a batch (drafters: their copies of `drafter`)."""
     if hasattr(drafter, "propose_batch"):
         return drafter.propose_batch(drafters, contexts, gammas, warp, rngs)
-    if isinstance(drafter, draft_model.FusedModelDrafter) and len(drafters) <= CHAINS_UP_TO:
+    if (isinstance(drafter, draft_model.FusedModelDrafter) and len(drafters) <= CHAINS_UP_TO
+            and getattr(getattr(drafter.model, "fast_steps", None), "draft_chain", None)):
         return [d.propose(c, g, warp, r) for d, c, g, r in zip(drafters, contexts, gammas, rngs)]
     if isinstance(drafter, ModelDrafter) and type(drafter).propose in (
             ModelDrafter.propose, draft_model.FusedModelDrafter.propose,
