@@ -260,14 +260,17 @@ class CpuSteps:
                                 v=[[c.v[i] for c in caches] for i in layers])
         return static_layers(m, kernels, h, positions, batch)
 
-    def draft_chain(self, feed, cache, g: int, v: int, temperature: float = 0.0, rng=None):
+    def draft_chain(self, feed, cache, g: int, v: int, temperature: float = 0.0, rng=None,
+                    vocab=None):
         """g drafts of this (draft) model in one numba call (kernels.draft_chain): the tokens
         `feed` at positions cache.length.., then each draft fed back in turn, the last one not
         -> (tokens [g] int64, logits [g, V_draft] float32: the last row of each step, q [g, v]
         float64 or None); cache.length grows by len(feed) + g - 1, as a ModelDrafter's g calls
-        grow it. v: the ids sampled (a drafter's vocab_size; past V_draft q is 0). temperature 0:
-        each token the argmax of its step's first min(v, V_draft) logits, q None; else q[s] =
-        their softmax at that temperature, and tokens[s] drawn from it as
+        grow it. v: the ids sampled (a drafter's vocab_size; past V_draft q is 0). vocab: a
+        drafters.vocab.DraftVocab of this model with ids (a draft vocabulary): only its rows of
+        the LM head are computed, every other logit -inf and q 0. temperature 0: each token the
+        argmax of its step's logits over the first min(v, V_draft) ids (the vocabulary's), q
+        None; else q[s] = their softmax at that temperature, and tokens[s] drawn from it as
         sampling.sample draws, with the s-th of g uniforms taken from `rng` (a numpy Generator)
         once the call is sure to serve. None (nothing done, nothing drawn) where it does not
         serve: a block `_block_weights` does not take, weights of mixed types, an
@@ -283,15 +286,18 @@ class CpuSteps:
         m._check_span(pos, t + g - 1, cache)
         self._tables(pos + t + g - 1)
         tokens = np.empty(g, dtype=np.int64)
-        logits = np.empty((g, m.vocab_size), dtype=np.float32)
+        cut = vocab is not None and vocab.ids is not None
+        logits = np.full((g, m.vocab_size), -np.inf, dtype=np.float32) if cut else np.empty(
+            (g, m.vocab_size), dtype=np.float32)
+        cols = vocab.ids if cut else np.arange(min(v, m.vocab_size), dtype=np.int64)
         q = np.zeros((g, v) if temperature > 0 else (0, 0))  # ids past V_draft stay 0
         uniforms = rng.random(g) if temperature > 0 else np.zeros(0)  # the core loop's draws
         c = m.config
         self.kernels._k.draft_chain(
             ids, pos, m.weights["embed"], *layers, np.float32(c.norm_eps), m._cos, m._sin,
             cache.k, cache.v, c.n_heads, c.n_kv_heads, np.float32(1.0 / math.sqrt(c.head_dim)),
-            0, m.weights["norm_w"], kernel_weight(m.weights["lm_head"]), min(v, m.vocab_size),
-            float(temperature), uniforms, tokens, logits, q)
+            0, m.weights["norm_w"], kernel_weight(vocab.w if cut else m.weights["lm_head"]),
+            cols, int(cut), float(temperature), uniforms, tokens, logits, q)
         cache.length = pos + t + g - 1
         return tokens, logits, q if temperature > 0 else None
 

@@ -772,16 +772,20 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
 
 def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups,
                  w_downs, f, eps, cos, sin, k_cache, v_cache, n_heads, n_kv, scale, window,
-                 norm_w, head, v, temperature, uniforms, tokens, logits,
+                 norm_w, head, cols, cut, temperature, uniforms, tokens, logits,
                  q):  # pragma: no cover - runs compiled
     # g = len(tokens) drafts of a Llama-shaped model in one call: its layers (per-layer weights
     # in numba lists; caches [L, K, S_max, E]) over the tokens `ids` at positions pos.., then
-    # the final norm and LM head on the last row -> logits[0], and tokens[0] from its first v
-    # logits; then each draft fed back in turn, one row a step, for tokens[1..]. The last draft
-    # is not fed. temperature 0: the argmax (the first on ties, as np.argmax), q untouched;
-    # else q[s, :v] = softmax(logits / temperature) in float64 as sampling.warp computes it
-    # (the largest logit subtracted first) and tokens[s] drawn from it with uniforms[s] as
-    # sampling.sample draws (the inverse of the running sum over the ids of q > 0). SiLU(gate)
+    # the final norm and LM head on the last row -> logits[0], and tokens[0] from the logits of
+    # the ids `cols` (ascending); then each draft fed back in turn, one row a step, for
+    # tokens[1..]. The last draft is not fed. cut 0: `head` is the whole LM head, cols its
+    # first ids; cut 1: `head` holds only the rows of the ids `cols` (a draft vocabulary),
+    # whose logits go to those columns (the caller filled the others with -inf). temperature 0:
+    # the argmax (the first on ties, as np.argmax), q untouched; else q[s, cols] =
+    # softmax(logits / temperature) in float64 as sampling.warp computes it (the largest logit
+    # subtracted first; every other id's q stays 0, as warp's exp of -inf) and tokens[s] drawn
+    # from it with uniforms[s] as sampling.sample draws (the inverse of the running sum over
+    # the ids of q > 0). SiLU(gate)
     # * up is model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ
     # from the step's, which only a draft ever sees. Compiled without fastmath: a logit of
     # -inf, or a NaN, stays what IEEE makes of it.
@@ -814,26 +818,34 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
             h = y
         last = np.empty((1, h.shape[1]), np.float32)
         _norm(h[t - 1:], norm_w, eps, last)
-        _any_product(last, head, logits[s:s + 1])
-        best = 0
-        for j in range(1, v):
-            if logits[s, j] > logits[s, best]:
-                best = j
+        if cut:
+            row = np.empty((1, cols.shape[0]), np.float32)
+            _any_product(last, head, row)
+            for c in range(cols.shape[0]):
+                logits[s, cols[c]] = row[0, c]
+        else:
+            _any_product(last, head, logits[s:s + 1])
+        best = cols[0]
+        for c in range(1, cols.shape[0]):
+            if logits[s, cols[c]] > logits[s, best]:
+                best = cols[c]
         if temperature > 0:
             top = np.float64(logits[s, best])
             total = 0.0
-            for j in range(v):
+            for c in range(cols.shape[0]):
+                j = cols[c]
                 q[s, j] = np.exp((np.float64(logits[s, j]) - top) / temperature)
                 total += q[s, j]
-            for j in range(v):
-                q[s, j] /= total
+            for c in range(cols.shape[0]):
+                q[s, cols[c]] /= total
             mass = 0.0  # the running sum, then the draw
-            for j in range(v):
-                if q[s, j] > 0:
-                    mass += q[s, j]
+            for c in range(cols.shape[0]):
+                if q[s, cols[c]] > 0:
+                    mass += q[s, cols[c]]
             r = uniforms[s] * mass
             mass = 0.0
-            for j in range(v):
+            for c in range(cols.shape[0]):
+                j = cols[c]
                 if q[s, j] > 0:
                     best = j  # the last id with q > 0 if r rounded up to the total
                     mass += q[s, j]

@@ -332,6 +332,38 @@ def test_the_fused_drafter_drafts_what_the_core_loop_drafts(shipped_fast, monkey
         served.clear()
 
 
+def test_the_fused_drafter_with_a_draft_vocabulary_drafts_what_the_tuned_loop_drafts(
+        shipped_fast, monkeypatch):
+    """make_drafter("model", draft_vocab=ids) on the CPU step: the chain computes only those
+    rows of the LM head (q = 0 elsewhere) and drafts, round by round, what TunedModelDrafter's
+    loop with the same cut drafts, greedy and sampled (temperature alone), seeded; with top-k
+    it is that loop (draft_chain never called)."""
+    from minispec.drafters import TunedModelDrafter
+
+    target, draft = shipped_fast
+    cut = np.unique(np.r_[np.arange(0, 4096, 3), np.arange(1000)])  # most of the ids said
+    fused = make_drafter("model", target, draft_model=draft, draft_vocab=cut)
+    assert type(fused) is FusedModelDrafter
+    served, chain = [], draft.fast_steps.draft_chain
+    monkeypatch.setattr(draft.fast_steps, "draft_chain",
+                        lambda *a: served.append(chain(*a)) or served[-1])
+    outside = np.setdiff1d(np.arange(4096), cut)
+    for sampling in (Sampling(0.0), Sampling(1.0), Sampling(0.6), Sampling(1.0, top_k=20)):
+        request = Request(40, None, seed=3)
+        for prompt in ([3, 14, 15, 92, 65], list(range(100, 160, 3))):
+            tuned = generate(target, TunedModelDrafter(target, draft, cut), prompt, sampling,
+                             request, gamma=4)
+            ours = generate(target, fused, prompt, sampling, request, gamma=4)
+            assert ours.tokens == tuned.tokens
+            assert ours.stats.rounds == tuned.stats.rounds
+            assert not np.isin([t for r in ours.stats.rounds for t in r.drafted], outside).any()
+        assert bool(served) == (sampling.top_k == 0)
+        for done in served:  # q 0 and logits -inf outside the cut
+            assert np.isneginf(done[1][:, outside]).all()
+            assert done[2] is None or not done[2][:, outside].any()
+        served.clear()
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_fused_drafter_with_a_smaller_vocabulary_up_to_the_context_limit(temperature,
                                                                              monkeypatch):

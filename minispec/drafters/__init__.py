@@ -111,8 +111,8 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
             raise MinispecError(
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
-        if draft_vocab is None and stop is None:
-            return FusedModelDrafter(target, draft_model)
+        if stop is None:
+            return FusedModelDrafter(target, draft_model, draft_vocab)
         return TunedModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":
         if draft_model is None:
