@@ -290,7 +290,7 @@ class CpuSteps:
         logits = np.full((g, m.vocab_size), -np.inf, dtype=np.float32) if cut else np.empty(
             (g, m.vocab_size), dtype=np.float32)
         cols = vocab.ids if cut else np.arange(min(v, m.vocab_size), dtype=np.int64)
-        q = np.zeros((g, v) if temperature > 0 else (0, 0))  # ids past V_draft stay 0
+        q = np.zeros((g, v if temperature > 0 else 0))  # ids past V_draft stay 0
         uniforms = rng.random(g) if temperature > 0 else np.zeros(0)  # the core loop's draws
         c = m.config
         self.kernels._k.draft_chain(

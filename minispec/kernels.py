@@ -26,6 +26,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+_pick = None  # draft_chain's argmax or draw
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -46,7 +47,7 @@ def compiled() -> SimpleNamespace | None:
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight
+    global _block_unpack, _block_sums, _weight, _pick
     if _KERNELS is None:
         try:
             import numba
@@ -63,6 +64,7 @@ def compiled() -> SimpleNamespace | None:
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
+        _pick = numba.njit(cache=True)(_pick_kernel)  # no fastmath, as draft_chain
         _weight = numba.njit(fastmath=True, cache=True, inline="always")(_weight_kernel)
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
         _block_sums = jit(_block_sums_kernel)
@@ -780,12 +782,10 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
     # the ids `cols` (ascending); then each draft fed back in turn, one row a step, for
     # tokens[1..]. The last draft is not fed. cut 0: `head` is the whole LM head, cols its
     # first ids; cut 1: `head` holds only the rows of the ids `cols` (a draft vocabulary),
-    # whose logits go to those columns (the caller filled the others with -inf). temperature 0:
-    # the argmax (the first on ties, as np.argmax), q untouched; else q[s, cols] =
-    # softmax(logits / temperature) in float64 as sampling.warp computes it (the largest logit
-    # subtracted first; every other id's q stays 0, as warp's exp of -inf) and tokens[s] drawn
-    # from it with uniforms[s] as sampling.sample draws (the inverse of the running sum over
-    # the ids of q > 0). SiLU(gate)
+    # whose logits go to those columns (the caller filled the others with -inf). Each token
+    # `_pick`ed from the logits of cols: temperature 0 their argmax, q [g, 0] untouched; else
+    # q[s, cols] their softmax and tokens[s] drawn from it with uniforms[s] (every other id's
+    # q stays 0, as warp's exp of -inf gives). SiLU(gate)
     # * up is model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ
     # from the step's, which only a draft ever sees. Compiled without fastmath: a logit of
     # -inf, or a NaN, stays what IEEE makes of it.
@@ -818,43 +818,59 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
             h = y
         last = np.empty((1, h.shape[1]), np.float32)
         _norm(h[t - 1:], norm_w, eps, last)
-        if cut:
-            row = np.empty((1, cols.shape[0]), np.float32)
+        n = cols.shape[0]
+        u = uniforms[s] if temperature > 0 else 0.0
+        if cut:  # the cut's logits and q, in a row of their own, then in their columns
+            row = np.empty((1, n), np.float32)
             _any_product(last, head, row)
-            for c in range(cols.shape[0]):
+            qcut = np.empty(n if temperature > 0 else 0)
+            best = _pick(row[0], qcut, u, temperature)
+            for c in range(n):
                 logits[s, cols[c]] = row[0, c]
-        else:
+            for c in range(qcut.shape[0]):
+                q[s, cols[c]] = qcut[c]
+        else:  # q [g, 0] at temperature 0: nothing written
             _any_product(last, head, logits[s:s + 1])
-        best = cols[0]
-        for c in range(1, cols.shape[0]):
-            if logits[s, cols[c]] > logits[s, best]:
-                best = cols[c]
-        if temperature > 0:
-            top = np.float64(logits[s, best])
-            total = 0.0
-            for c in range(cols.shape[0]):
-                j = cols[c]
-                q[s, j] = np.exp((np.float64(logits[s, j]) - top) / temperature)
-                total += q[s, j]
-            for c in range(cols.shape[0]):
-                q[s, cols[c]] /= total
-            mass = 0.0  # the running sum, then the draw
-            for c in range(cols.shape[0]):
-                if q[s, cols[c]] > 0:
-                    mass += q[s, cols[c]]
-            r = uniforms[s] * mass
-            mass = 0.0
-            for c in range(cols.shape[0]):
-                j = cols[c]
-                if q[s, j] > 0:
-                    best = j  # the last id with q > 0 if r rounded up to the total
-                    mass += q[s, j]
-                    if mass > r:
-                        break
+            best = _pick(logits[s, :n], q[s, :n], u, temperature)
+        best = cols[best]
         tokens[s] = best
         x = np.empty((1, embed.shape[1]), np.float32)
         x[0] = embed[best]
         at += t
+
+
+def _pick_kernel(lrow, qrow, u, temperature):  # pragma: no cover - runs compiled
+    # draft_chain's choice from one step's logits lrow [n] -> an index into it: temperature 0
+    # the argmax (the first on ties, as np.argmax), qrow untouched; else qrow [n] = softmax(lrow
+    # / temperature) in float64 as sampling.warp computes it (the largest logit subtracted
+    # first) and the index drawn from it with the uniform u as sampling.sample draws (the
+    # inverse of the running sum over the entries of q > 0). A function of its own, so that
+    # each kind of row (a view of the logits, or the cut's own row) gets loops compiled for it.
+    best = 0
+    for c in range(1, lrow.shape[0]):
+        if lrow[c] > lrow[best]:
+            best = c
+    if temperature > 0:
+        top = np.float64(lrow[best])
+        total = 0.0
+        for c in range(lrow.shape[0]):
+            qrow[c] = np.exp((np.float64(lrow[c]) - top) / temperature)
+            total += qrow[c]
+        for c in range(lrow.shape[0]):
+            qrow[c] /= total
+        mass = 0.0  # the running sum, then the draw
+        for c in range(lrow.shape[0]):
+            if qrow[c] > 0:
+                mass += qrow[c]
+        r = u * mass
+        mass = 0.0
+        for c in range(lrow.shape[0]):
+            if qrow[c] > 0:
+                best = c  # the last entry with q > 0 if r rounded up to the total
+                mass += qrow[c]
+                if mass > r:
+                    break
+    return best
 
 
 def _heads_kernel(x, attn_norm_w, wqkv, eps, heads, e):  # pragma: no cover - runs compiled
