@@ -274,19 +274,20 @@ class CpuSteps:
         sampling.sample draws, with the s-th of g uniforms taken from `rng` (a numpy Generator)
         once the call is sure to serve. None (nothing done, nothing drawn) where it does not
         serve: a block `_block_weights` does not take, weights of mixed types, an
-        embedding not kept in float32, a sliding window, more than MAX_TOKENS tokens fed.
+        embedding not kept in float32, a sliding window, more than MAX_TOKENS tokens fed, a
+        vocabulary with ids of v or more.
         What FusedModelDrafter calls."""
         m, t = self.model, len(feed)
         layers = self._chain_weights()
+        cut = vocab is not None and vocab.ids is not None
         if (layers is None or not 1 <= t <= MAX_TOKENS or g < 1 or not kernel_in_use()
-                or m.config.sliding_window is not None):
-            return None
+                or m.config.sliding_window is not None or (cut and vocab.ids[-1] >= v)):
+            return None  # (a cut's id past v would have no column of q)
         ids = m._token_array(feed)
         pos = cache.length
         m._check_span(pos, t + g - 1, cache)
         self._tables(pos + t + g - 1)
         tokens = np.empty(g, dtype=np.int64)
-        cut = vocab is not None and vocab.ids is not None
         logits = np.full((g, m.vocab_size), -np.inf, dtype=np.float32) if cut else np.empty(
             (g, m.vocab_size), dtype=np.float32)
         cols = vocab.ids if cut else np.arange(min(v, m.vocab_size), dtype=np.int64)

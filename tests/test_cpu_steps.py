@@ -364,6 +364,23 @@ def test_the_fused_drafter_with_a_draft_vocabulary_drafts_what_the_tuned_loop_dr
         served.clear()
 
 
+def test_a_draft_vocabulary_with_ids_past_the_sampled_ones_is_left_to_the_loop():
+    """draft_chain serves a cut only where q has a column for each of its ids (v: the ids the
+    drafter samples); otherwise None, nothing drawn, nothing written (FusedModelDrafter then
+    drafts with the loop)."""
+    from minispec.drafters.vocab import DraftVocab
+
+    draft = random_model(tiny_config("llama", n_layers=1), seed=2, scale=0.3)
+    cpu_steps.enable(draft)
+    cache, rng = draft.new_cache(48), np.random.default_rng(0)
+    inside, past = DraftVocab(draft, np.arange(0, 40, 2)), DraftVocab(draft, np.arange(0, 48, 2))
+    assert draft.fast_steps.draft_chain([3, 5], cache, 3, 40, 1.0, rng, past) is None
+    assert cache.length == 0 and rng.random() == np.random.default_rng(0).random()
+    tokens, logits, q = draft.fast_steps.draft_chain([3, 5], cache, 3, 40, 1.0, rng, inside)
+    assert q.shape == (3, 40) and (tokens % 2 == 0).all() and not q[:, 1::2].any()
+    np.testing.assert_allclose(q.sum(axis=1), 1.0)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_fused_drafter_with_a_smaller_vocabulary_up_to_the_context_limit(temperature,
                                                                              monkeypatch):
