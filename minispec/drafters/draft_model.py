@@ -3,12 +3,12 @@
 minispec/core/drafter.py's ModelDrafter is Leviathan et al.'s M_q, drafting one sequence with a
 plain loop over the draft model's forward pass. Here, built on it:
 
-- `FusedModelDrafter`, the core's drafter with its chain drafted in one numba call on the CPU
-  step (cpu_steps.CpuSteps.draft_chain), a cut draft vocabulary (FR-Spec) included: what
-  make_drafter("model") makes without `stop`;
 - `TunedModelDrafter`, the draft model with two options, both exact (the verify step is
-  unchanged): a cut draft vocabulary and a chain of dynamic length (`stop`), drafted by
-  `propose_batch`'s loop;
+  unchanged): a cut draft vocabulary (FR-Spec) and a chain of dynamic length (`stop`), drafted
+  by `propose_batch`'s loop;
+- `FusedModelDrafter`, a TunedModelDrafter without `stop` whose chain is drafted in one numba
+  call on the CPU step (cpu_steps.CpuSteps.draft_chain): what make_drafter("model") makes
+  without `stop`;
 - `propose_batch`: every sequence of a batch drafted in one call of the draft model per step
   (minispec/batch.py calls it for any ModelDrafter, the options included, but for a
   FusedModelDrafter in a batch of one or two sequences, which drafts each chain in its call).
@@ -24,56 +24,6 @@ from ..core.sampling import sample
 from ..core.sampling import warp as softmax  # at temperature 1: the plain softmax
 from ..errors import MinispecError
 from .vocab import DraftVocab
-
-
-class FusedModelDrafter(ModelDrafter):
-    """ModelDrafter, with its chain drafted in one call where the draft model takes the CPU
-    step (cpu_steps.enable): the g forward calls, LM heads and draws as one numba loop, without
-    the Python between them (weights/README.md, "The model drafter's chain in one call").
-    Greedy (temperature 0): each draft the argmax, q the loop's own `warp` of the same logits,
-    one-hot. Sampled with temperature alone (top-k and top-p off): q the softmax the loop's warp
-    computes, in float64, and each draft drawn from it as sampling.sample draws, its uniform
-    taken from `rng` in the core loop's order (q's last bits may differ from warp's: q is the
-    distribution the draft was drawn from, which is what verify needs). The logits may differ
-    from the core loop's in the last bits (numba's tanh in the MLP). Anything else (top-k,
-    top-p, a model the step does not serve) is the core's loop.
-
-    draft_vocab: ascending token ids, the only ones drafted (FR-Spec, as TunedModelDrafter's):
-    the chain computes only their rows of the LM head, q = 0 elsewhere; where the chain does
-    not serve, TunedModelDrafter's loop with that vocabulary (propose_batch, a batch of one)."""
-
-    def __init__(self, target, model, draft_vocab=None) -> None:
-        super().__init__(target, model)
-        self.stop = None  # (propose_batch reads it: no dynamic length here)
-        self.draft_head = None if draft_vocab is None else DraftVocab(
-            model, draft_vocab, "model draft_vocab")
-
-    def _loop(self, context, gamma, warp, rng) -> Draft:
-        """The chain without draft_chain: the core's loop, or with a draft vocabulary
-        propose_batch's (the core's loop has none)."""
-        if self.draft_head is None:
-            return super().propose(context, gamma, warp, rng)
-        return propose_batch([self], [context], [gamma], warp, [rng])[0]
-
-    def propose(self, context, gamma, warp, rng) -> Draft:
-        chain = getattr(getattr(self.model, "fast_steps", None), "draft_chain", None)
-        s = getattr(warp, "sampling", None)
-        if chain is None or s is None or (not s.greedy and (s.top_k or s.top_p < 1)):
-            return self._loop(context, gamma, warp, rng)
-        g, feed = self.prepare(context, gamma)
-        if g == 0:
-            return self._loop(context, gamma, warp, rng)
-        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng, self.draft_head)
-        if done is None:  # nothing drawn from rng: the loop draws as it would have
-            return self._loop(context, gamma, warp, rng)
-        tokens, logits, q = done  # q [g, V] when sampled
-        if s.greedy:
-            q = warp(logits)  # [g, V]: one-hot at each argmax, with warp's checks of the logits
-        elif not np.isfinite(logits[:, :self.vocab_size].max(axis=1)).all():
-            warp(logits)  # raises, naming what is wrong with the logits
-        self.calls += g
-        self._synced, self._fed = len(context), tokens[:g - 1].tolist()
-        return Draft(tokens, q)
 
 
 class TunedModelDrafter(ModelDrafter):
@@ -104,6 +54,52 @@ class TunedModelDrafter(ModelDrafter):
     def propose(self, context, gamma, warp, rng) -> Draft:
         """The chain of drafts, with the options (see propose_batch: this is the batch of one)."""
         return propose_batch([self], [context], [gamma], warp, [rng])[0]
+
+
+class FusedModelDrafter(TunedModelDrafter):
+    """ModelDrafter, with its chain drafted in one call where the draft model takes the CPU
+    step (cpu_steps.enable): the g forward calls, LM heads and draws as one numba loop, without
+    the Python between them (weights/README.md, "The model drafter's chain in one call").
+    Greedy (temperature 0): each draft the argmax, q the loop's own `warp` of the same logits,
+    one-hot. Sampled with temperature alone (top-k and top-p off): q the softmax the loop's warp
+    computes, in float64, and each draft drawn from it as sampling.sample draws, its uniform
+    taken from `rng` in the core loop's order (q's last bits may differ from warp's: q is the
+    distribution the draft was drawn from, which is what verify needs). The logits may differ
+    from the core loop's in the last bits (numba's tanh in the MLP). Anything else (top-k,
+    top-p, a model the step does not serve) is the core's loop.
+
+    draft_vocab: TunedModelDrafter's option (no `stop`): the chain computes only those rows of
+    the LM head, q = 0 elsewhere; where the chain does not serve, TunedModelDrafter's loop."""
+
+    def __init__(self, target, model, draft_vocab=None) -> None:
+        super().__init__(target, model, draft_vocab)
+
+    def _loop(self, context, gamma, warp, rng) -> Draft:
+        """The chain without draft_chain: the core's loop, or with a draft vocabulary
+        TunedModelDrafter's (the core's loop has none)."""
+        if self.draft_head is None:
+            return ModelDrafter.propose(self, context, gamma, warp, rng)
+        return super().propose(context, gamma, warp, rng)
+
+    def propose(self, context, gamma, warp, rng) -> Draft:
+        chain = getattr(getattr(self.model, "fast_steps", None), "draft_chain", None)
+        s = getattr(warp, "sampling", None)
+        if chain is None or s is None or (not s.greedy and (s.top_k or s.top_p < 1)):
+            return self._loop(context, gamma, warp, rng)
+        g, feed = self.prepare(context, gamma)
+        if g == 0:
+            return self._loop(context, gamma, warp, rng)
+        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng, self.draft_head)
+        if done is None:  # nothing drawn from rng: the loop draws as it would have
+            return self._loop(context, gamma, warp, rng)
+        tokens, logits, q = done  # q [g, V] when sampled
+        if s.greedy:
+            q = warp(logits)  # [g, V]: one-hot at each argmax, with warp's checks of the logits
+        elif not np.isfinite(logits[:, :self.vocab_size].max(axis=1)).all():
+            warp(logits)  # raises, naming what is wrong with the logits
+        self.calls += g
+        self._synced, self._fed = len(context), tokens[:g - 1].tolist()
+        return Draft(tokens, q)
 
 
 def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
