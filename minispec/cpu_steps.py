@@ -5,14 +5,16 @@ step of the shipped target is 26 weight products and, between them, some 250 sma
 operations (RMSNorm alone is eight: a cast, a square, a sum, a division, ...), each costing a
 microsecond or more of Python and dispatch on arrays of a few hundred numbers: about a fifth of
 the step, measured. Here RMSNorm, RoPE with the cache write and attention over the cache are one
-compiled loop each (minispec/kernels.py), SiLU(gate) * up is done in place, and the weight
-products are backend.matmul's few-rows kernel: the step of cuda_graphs.py (`static_layers`, the
-same block as model.block with the positions given as data), with CPU kernels. A Llama-shaped
-block (RMSNorm, RoPE, SwiGLU, no biases) runs those loops in one call as far as its SiLU
-(kernels.block_front), which then stays NumPy's (its tanh is vectorized, numba's is not): the
-same arithmetic in the same order as piece by piece, so the same bits, with fewer calls from
-Python (a decode step 1.01-1.09x faster, weights/README.md "A block in one call"); a batch's
-such block is one call for all its sequences (kernels.batch_front).
+compiled loop each (minispec/kernels.py), SiLU(gate) * up is one too (kernels.silu: tanh as a
+rational function, which LLVM vectorizes, where numba's tanh is a call per number), and the
+weight products are backend.matmul's few-rows kernel: the step of cuda_graphs.py
+(`static_layers`, the same block as model.block with the positions given as data), with CPU
+kernels. A Llama-shaped block (RMSNorm, RoPE, SwiGLU, no biases) runs those loops in one call
+as far as its SiLU (kernels.block_front), and a model of such blocks runs all its layers in one
+call (kernels.layers): the same arithmetic in the same order as piece by piece, so the same
+bits, without Python between the pieces (the shipped target's step 1.15-1.2x faster than a
+block a call, weights/README.md "Every layer in one call"); a batch's block is one call for
+all its sequences (kernels.batch_front).
 
 Every row's arithmetic is done alone, in the same order whatever the other rows are, so a verify
 call of k tokens gives each token the logits a one-token step gives it, bit for bit, as the plain
@@ -94,8 +96,14 @@ class NumbaKernels(PlainKernels):
     def mlp(self, x, p, res=None):
         if p["w_gate"] is None or p.get("b_gate") is not None or p["b_up"] is not None:
             return super().mlp(x, p, res)  # GPT-2's GELU, Granite's biases: plain
-        gate = _silu_mul(matmul(x, p["w_gate"]), matmul(x, p["w_up"]))  # [T, F]
+        gate = self.silu_mul(matmul(x, p["w_gate"]), matmul(x, p["w_up"]))  # [T, F]
         return self.linear(gate, p["w_down"], p["b_down"], res=res)
+
+    def silu_mul(self, gate, up):
+        """silu(gate) * up in place in gate (kernels.silu: model.silu's arithmetic, tanh a
+        rational function, vectorized) -> gate."""
+        self._k.silu(gate, up)
+        return gate
 
     def block(self, x, p, config, tables, k_cache, v_cache, positions, slots=None, tree=None):
         w = self._block_weights(p, tables)
@@ -108,7 +116,7 @@ class NumbaKernels(PlainKernels):
             k_cache, v_cache, positions, positions if slots is None else slots,
             tree if has_tree else _NO_TREE, has_tree, config.n_heads, config.n_kv_heads,
             np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0)
-        return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
+        return self.linear(self.silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
 
     def batch_block(self, x, p, config, tables, bounds, k_caches, v_caches, layer, positions):
         """`block` for B sequences' rows laid end to end (rows bounds[b]..bounds[b+1] - 1 are
@@ -120,7 +128,7 @@ class NumbaKernels(PlainKernels):
             np.float32(config.norm_eps), tables[0], tables[1], k_caches, v_caches, layer,
             positions, config.n_heads, config.n_kv_heads,
             np.float32(1.0 / math.sqrt(config.head_dim)), config.sliding_window or 0)
-        return self.linear(_silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
+        return self.linear(self.silu_mul(gate, up), p["w_down"], res=h)  # h + mlp
 
     def _block_weights(self, p, tables):
         """A Llama-shaped layer's norms and weights as kernels.block_front reads them (made once per
@@ -137,20 +145,6 @@ class NumbaKernels(PlainKernels):
                 w = (p["attn_norm_w"], wqkv, wo, p["mlp_norm_w"], gate, up, p["w_up"].shape[1])
             seen = self._weights[id(p)] = (p, w)
         return seen[1] if tables is not None else None
-
-
-def _silu_mul(gate, up):
-    """silu(gate) * up as model.silu writes it, in place in gate: the same operations in the
-    same order (the same bits), no temporaries. NumPy's tanh is vectorized, where a numba loop
-    calls tanhf once per number (2.6x slower on a row of the shipped target's MLP, 10x on 16
-    rows)."""
-    t = np.multiply(gate, 0.5)
-    np.tanh(t, out=t)
-    t += 1.0
-    t *= 0.5
-    gate *= t
-    gate *= up
-    return gate
 
 
 class _BatchKernels:
@@ -207,7 +201,7 @@ class CpuSteps:
             raise MinispecError(f"cpu_steps: {why}")
         self.model = model
         self.kernels = NumbaKernels()
-        self._chain = False  # draft_chain's weights: False until made, None where it cannot
+        self._lists = False  # _layer_lists: False until made, None where it cannot
 
     def new_cache(self, max_len=None):
         return Model.new_cache(self.model, max_len)  # a plain cache: nothing is captured
@@ -223,7 +217,22 @@ class CpuSteps:
             return None  # partial stacks (early exit), no cache, prefills: the plain path
         m._check_span(pos, t, cache)
         self._tables(pos + t)
-        return static_layers(m, self.kernels, h, np.arange(pos, pos + t, dtype=np.int64), cache)
+        positions = np.arange(pos, pos + t, dtype=np.int64)
+        return self._layers(h, positions, cache, positions, _NO_TREE)
+
+    def _layers(self, h, positions, cache, slots, tree):
+        """Every layer (static_layers' arguments; tree: the bits or _NO_TREE): one numba call
+        (kernels.layers) where every layer is Llama-shaped, else static_layers' call a layer."""
+        layers, m = self._layer_lists(), self.model
+        if layers is None or not kernel_in_use():
+            return static_layers(m, self.kernels, h, positions, cache,
+                                 None if slots is positions else slots,
+                                 tree if tree.shape[0] else None)
+        c = m.config
+        return self.kernels._k.layers(
+            np.ascontiguousarray(h), *layers, np.float32(c.norm_eps), m._cos, m._sin, cache.k,
+            cache.v, positions, slots, tree, tree.shape[0] > 0, c.n_heads, c.n_kv_heads,
+            np.float32(1.0 / math.sqrt(c.head_dim)), c.sliding_window or 0)
 
     def lm_head(self, h):
         if not 1 <= h.shape[0] <= MAX_TOKENS:
@@ -278,9 +287,10 @@ class CpuSteps:
         vocabulary with ids of v or more.
         What FusedModelDrafter calls."""
         m, t = self.model, len(feed)
-        layers = self._chain_weights()
+        layers = self._layer_lists()
         cut = vocab is not None and vocab.ids is not None
         if (layers is None or not 1 <= t <= MAX_TOKENS or g < 1 or not kernel_in_use()
+                or m.weights["embed"].dtype != np.float32
                 or m.config.sliding_window is not None or (cut and vocab.ids[-1] >= v)):
             return None  # (a cut's id past v would have no column of q)
         ids = m._token_array(feed)
@@ -302,22 +312,23 @@ class CpuSteps:
         cache.length = pos + t + g - 1
         return tokens, logits, q if temperature > 0 else None
 
-    def _chain_weights(self):
-        """draft_chain's per-layer weights as numba lists (attention norms, wqkv, wo, MLP
-        norms, gate, up, down) and the MLP's width, made once; None where it does not serve."""
-        if self._chain is False:
-            self._chain = None
+    def _layer_lists(self):
+        """The per-layer weights of kernels.layers and draft_chain as numba lists (attention
+        norms, wqkv, wo, MLP norms, gate, up, down) and the MLP's width, made once; None where
+        a layer is not Llama-shaped or the layers' weights are of mixed types."""
+        if self._lists is False:
+            self._lists = None
             m, one = self.model, self.kernels
             w = m.weights
             tables = None if m._inv_freq is None else (m._cos, m._sin)
             blocks = [one._block_weights(p, tables) for p in w["layers"]]
-            if (all(b is not None for b in blocks) and w["embed"].dtype == np.float32
+            if (all(b is not None for b in blocks)
                     and w["pos_embed"] is None and w["norm_b"] is None):
                 downs = [kernel_weight(p["w_down"]) for p in w["layers"]]
                 lists = [[b[i] for b in blocks] for i in range(6)] + [downs]
                 if all(len({(a.dtype, a.ndim) for a in arrays}) == 1 for arrays in lists):
-                    self._chain = (*(one._k.typed_list(a) for a in lists), blocks[0][6])
-        return self._chain
+                    self._lists = (*(one._k.typed_list(a) for a in lists), blocks[0][6])
+        return self._lists
 
     def hidden_tree(self, ids, parents, m: int, cache):
         model, t = self.model, len(ids)
@@ -326,8 +337,14 @@ class CpuSteps:
         positions, bits = tree_inputs(model, parents, m, cache)  # checks the nodes fit
         self._tables(int(positions.max()) + 1)
         slots = np.arange(cache.length, cache.length + t, dtype=np.int64)
-        h = static_hidden(model, self.kernels, np.asarray(ids, dtype=np.int64), positions, cache,
-                          slots, bits)
+        w = model.weights
+        if (w["pos_embed"] is None and w["embed"].dtype == np.float32
+                and self._layer_lists() is not None):
+            h = self._layers(w["embed"][np.asarray(ids, dtype=np.int64)], positions, cache, slots,
+                             bits)  # static_hidden's embedding, then every layer in one call
+        else:
+            h = static_hidden(model, self.kernels, np.asarray(ids, dtype=np.int64), positions,
+                              cache, slots, bits)
         cache.length += m
         return h
 

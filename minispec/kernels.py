@@ -8,11 +8,15 @@ tests/test_cpu_steps.py). They share one file
 because numba caches each compiled function on disk under the file that defines it: a loop
 calling a loop from another file would keep the old machine code of that one after the other
 file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call),
-`batch_front` (the same for a batch of sequences) and `draft_chain` (a draft model's chain of
-drafts) call the others. None calls another of those three: with `_draft_chain` calling
-`block_front`'s compiled dispatcher (a module global), a second run of the suite on two workers
-loaded machine code that broke block_front's bits (weights/README.md, "The model drafter's chain
-in one call"); calling the pieces, as `_batch_front` does, it did not.
+`batch_front` (the same for a batch of sequences), `layers` (every layer of a model) and
+`draft_chain` (a draft model's chain of drafts) call the others. None calls another of those
+four, nor a loop made for two of them: with `_draft_chain` calling `block_front`'s compiled
+dispatcher (a module global), a second run of the suite on two workers loaded machine code that
+broke block_front's bits (weights/README.md, "The model drafter's chain in one call"), and with
+`layers` and `draft_chain` both calling one loop over the layers, the machine code `layers`
+loaded from the cache gave other bits than it had compiled for calls of 7 rows (so
+`_draft_chain` spells that loop out again); calling the pieces, as `_batch_front` does, they
+did not.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
-_pick = None  # draft_chain's argmax or draw
+_pick = _silu = None  # draft_chain's argmax or draw; SiLU
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -43,11 +47,12 @@ def compiled() -> SimpleNamespace | None:
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
-    its GGUF blocks (block_tiles); draft_chain, a draft model's chain of drafts."""
+    its GGUF blocks (block_tiles); silu(gate, up), SiLU(gate) * up in place; layers, every layer
+    of a Llama-shaped model; draft_chain, a draft model's chain of drafts."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight, _pick
+    global _block_unpack, _block_sums, _weight, _pick, _silu
     if _KERNELS is None:
         try:
             import numba
@@ -65,6 +70,7 @@ def compiled() -> SimpleNamespace | None:
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _pick = numba.njit(cache=True)(_pick_kernel)  # no fastmath, as draft_chain
+        _silu = numba.njit(cache=True, error_model="numpy")(_silu_kernel)  # as written
         _weight = numba.njit(fastmath=True, cache=True, inline="always")(_weight_kernel)
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
         _block_sums = jit(_block_sums_kernel)
@@ -75,7 +81,8 @@ def compiled() -> SimpleNamespace | None:
                                    attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
                                    block_product=block_product,
-                                   draft_chain=numba.njit(cache=True)(_draft_chain))
+                                   draft_chain=numba.njit(cache=True)(_draft_chain),
+                                   silu=_silu, layers=jit(_layers))
     return _KERNELS or None
 
 
@@ -785,10 +792,9 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
     # whose logits go to those columns (the caller filled the others with -inf). Each token
     # `_pick`ed from the logits of cols: temperature 0 their argmax, q [g, 0] untouched; else
     # q[s, cols] their softmax and tokens[s] drawn from it with uniforms[s] (every other id's
-    # q stays 0, as warp's exp of -inf gives). SiLU(gate)
-    # * up is model.silu's arithmetic in numba's tanh, not NumPy's: the last bits can differ
-    # from the step's, which only a draft ever sees. Compiled without fastmath: a logit of
-    # -inf, or a NaN, stays what IEEE makes of it.
+    # q stays 0, as warp's exp of -inf gives). The layers are
+    # _layers' loop, written again (see the module's docstring). Compiled without fastmath: a
+    # logit of -inf, or a NaN, stays what IEEE makes of it.
     no_tree = np.zeros(0, np.uint32)
     has_tree = no_tree.shape[0] > 0  # False, as a value (as in _batch_front)
     x = np.empty((ids.shape[0], embed.shape[1]), np.float32)
@@ -799,17 +805,14 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
         t = x.shape[0]
         positions = np.arange(at, at + t)
         h = x
-        for i in range(len(wqkvs)):  # _block_front's pieces, as _batch_front calls them
+        for i in range(len(wqkvs)):  # _layers' loop, as _batch_front calls the pieces
             qkv = _heads(h, attn_norm_ws[i], wqkvs[i], eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
             att = np.empty((t, n_heads * qkv.shape[2]), np.float32)
             _rope(qkv, cos, sin, k_cache[i], v_cache[i], positions, positions, n_heads, n_kv)
             _attend(qkv, k_cache[i], v_cache[i], positions, positions, no_tree, has_tree, n_heads,
                     scale, window, att)
             h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
-            for r in range(t):
-                for j in range(f):
-                    half = np.tanh(gate[r, j] * np.float32(0.5))
-                    gate[r, j] = gate[r, j] * ((half + np.float32(1)) * np.float32(0.5)) * up[r, j]
+            _silu(gate, up)
             y = np.empty_like(h)
             _any_product(gate, w_downs[i], y)
             for r in range(t):
@@ -837,6 +840,31 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
         x = np.empty((1, embed.shape[1]), np.float32)
         x[0] = embed[best]
         at += t
+
+
+def _layers(h, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f, eps, cos,
+            sin, k_cache, v_cache, positions, slots, tree, has_tree, n_heads, n_kv, scale,
+            window):  # pragma: no cover - runs compiled
+    # every layer of a Llama-shaped model over rows h [T, D] -> [T, D]: per layer (weights in
+    # numba lists, caches [L, K, S_max, E]) _block_front's pieces, then silu(gate) * up and the
+    # MLP's last product plus h, as NumbaKernels.block takes them one call at a time: the same
+    # arithmetic in the same order, so the same bits, without Python between the layers.
+    t = h.shape[0]
+    for i in range(len(wqkvs)):
+        qkv = _heads(h, attn_norm_ws[i], wqkvs[i], eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
+        att = np.empty((t, n_heads * qkv.shape[2]), np.float32)
+        _rope(qkv, cos, sin, k_cache[i], v_cache[i], positions, slots, n_heads, n_kv)
+        _attend(qkv, k_cache[i], v_cache[i], positions, slots, tree, has_tree, n_heads, scale,
+                window, att)
+        h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
+        _silu(gate, up)
+        y = np.empty_like(h)
+        _any_product(gate, w_downs[i], y)
+        for r in range(t):
+            for j in range(y.shape[1]):
+                y[r, j] += h[r, j]  # h + mlp
+        h = y
+    return h
 
 
 def _pick_kernel(lrow, qrow, u, temperature):  # pragma: no cover - runs compiled
@@ -898,3 +926,29 @@ def _mlp_in_kernel(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps):  # pragma: no 
     _any_product(xn, w_gate, gate)
     _any_product(xn, w_up, up)
     return h, gate, up
+
+
+_TANH_EDGE = np.float32(7.90531110763549805)  # past it tanh rounds to +-1 in float32
+_TANH_P = tuple(np.float32(c) for c in (  # tanh(x) ~ x p(x^2) / q(x^2) on [-edge, edge]: the
+    -2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,  # coefficients of
+    5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,  # Eigen's and XLA's
+    4.89352455891786e-03))  # float32 tanh, highest power first
+_TANH_Q = tuple(np.float32(c) for c in (
+    1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03))
+
+
+def _silu_kernel(gate, up):  # pragma: no cover - runs compiled
+    # gate [T, F] = silu(gate) * up in place, model.silu's arithmetic (x * ((1 + tanh(x / 2))
+    # * 0.5)) with tanh a rational function: numba's np.tanh is one call of the C library per
+    # number, this loop LLVM vectorizes (16 at a time; error_model="numpy" lets the division
+    # raise nothing). Within 6 ulp of tanh where NumPy's is within 1.4; a NaN gate stays NaN.
+    a, b, c, d, e, f, g7 = _TANH_P
+    q3, q2, q1, q0 = _TANH_Q
+    for r in range(gate.shape[0]):
+        for j in range(gate.shape[1]):
+            x = gate[r, j]
+            h = min(max(x * np.float32(0.5), -_TANH_EDGE), _TANH_EDGE)
+            h2 = h * h
+            p = ((((((a * h2 + b) * h2 + c) * h2 + d) * h2 + e) * h2 + f) * h2 + g7) * h
+            q = ((q3 * h2 + q2) * h2 + q1) * h2 + q0
+            gate[r, j] = x * ((p / q + np.float32(1)) * np.float32(0.5)) * up[r, j]

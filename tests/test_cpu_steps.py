@@ -4,6 +4,8 @@ Each numba loop computes what the NumPy pieces compute, in another order: the hi
 agree to float32 rounding, and within the fast path a row's arithmetic never depends on the
 rows beside it, so a verify call gives each token the logits its own one-token step gives it."""
 
+import copy
+
 import numpy as np
 import pytest
 from conftest import FAMILIES, tiny_config
@@ -112,11 +114,11 @@ def test_a_tree_call_equals_the_plain_tree_call(family, m, parents):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_block_in_one_call_equals_the_block_piece_by_piece(family):
-    """kernels.block_front (a Llama-shaped block up to its SiLU in one numba call) gives the
-    rows and cached keys that the pieces one by one give, bit for bit, for calls of 1..5 tokens
-    and a tree's; layers it cannot do (GPT-2's LayerNorm and GELU, Qwen2's biases) take the
-    pieces."""
+def test_every_layer_in_one_call_equals_a_block_a_call_and_the_pieces(family):
+    """kernels.layers (every layer of a Llama-shaped model in one numba call), kernels.block_front
+    (one block up to its SiLU in one call, a call a layer) and the pieces one by one give the
+    same rows and cached keys, bit for bit, for calls of 1..5 tokens and a tree's; models whose
+    layers it cannot do (GPT-2's LayerNorm and GELU, Qwen2's biases) take the pieces."""
     from minispec.cuda_graphs import PlainKernels
 
     rng = np.random.default_rng(4)
@@ -124,58 +126,77 @@ def test_a_block_in_one_call_equals_the_block_piece_by_piece(family):
     steps = fast.fast_steps
     one_call = steps.kernels
     layer = fast.weights["layers"][0]
-    assert (one_call._block_weights(layer, (fast._cos, fast._sin)) is not None) == (
-        family in ("llama", "mistral"))
+    llama_shaped = family in ("llama", "mistral")
+    assert (one_call._block_weights(layer, (fast._cos, fast._sin)) is not None) == llama_shaped
+    assert (steps._layer_lists() is not None) == llama_shaped
+    lists = steps._lists
 
     class Pieces(cpu_steps.NumbaKernels):
         def block(self, *args, **kwargs):
             return PlainKernels.block(self, *args, **kwargs)
 
-    caches = fast.new_cache(48), fast.new_cache(48)
+    ways = [(one_call, lists), (one_call, None), (Pieces(), None)]  # _lists None: a call a layer
+    caches = [fast.new_cache(48) for _ in ways]
     prompt = rng.integers(0, 48, 7).tolist()
     for cache in caches:
         fast.hidden_states(prompt, cache)
+
+    def each_way(call):
+        got = []
+        for (kernels, lists), cache in zip(ways, caches):
+            steps.kernels, steps._lists = kernels, lists
+            got.append(call(cache))
+        steps.kernels, steps._lists = ways[0]
+        return got
+
     for t in (1, 3, 5, 1, 2):
         toks = rng.integers(0, 48, t).tolist()
-        got = []
-        for kernels, cache in zip((one_call, Pieces()), caches):
-            steps.kernels = kernels
-            got.append(fast.hidden_states(toks, cache))
-        assert np.array_equal(*got)
+        first, *others = each_way(lambda cache: fast.hidden_states(toks, cache))
+        assert all(np.array_equal(first, other) for other in others)
     if family != "mistral":  # trees: no sliding window
         tokens, parents = rng.integers(0, 48, 5), [-1, 0, 0, 1, 1]
-        got = []
-        for kernels, cache in zip((one_call, Pieces()), caches):
-            steps.kernels = kernels
-            got.append(hidden_tree(fast, [3], tokens, parents, cache))
-        assert np.array_equal(*got)
-    steps.kernels = one_call
+        first, *others = each_way(lambda cache: hidden_tree(fast, [3], tokens, parents, cache))
+        assert all(np.array_equal(first, other) for other in others)
     n = caches[0].length + 5
-    assert np.array_equal(caches[0].k[:, :, :n], caches[1].k[:, :, :n])
-    assert np.array_equal(caches[0].v[:, :, :n], caches[1].v[:, :, :n])
+    for other in caches[1:]:
+        assert np.array_equal(caches[0].k[:, :, :n], other.k[:, :, :n])
+        assert np.array_equal(caches[0].v[:, :, :n], other.v[:, :, :n])
 
 
-def test_with_the_kernel_off_a_block_goes_piece_by_piece():
-    """backend.use_kernel(False) sends every product to NumPy, the block's too: the one-call
-    block (whose products are the kernel's) is not used then."""
+def test_with_the_kernel_off_the_layers_go_piece_by_piece():
+    """backend.use_kernel(False) sends every product to NumPy, the layers' too: the one-call
+    layers and blocks (whose products are the kernel's) are not used then; with it on, a step is
+    one call of kernels.layers, or one of block_front a layer where the layers' lists are not
+    made."""
     from types import SimpleNamespace
 
     from minispec.backend import use_kernel
 
     _, fast, (_, cache) = _warm_pair("llama", 6, np.random.default_rng(5), 4)
-    kernels, calls = fast.fast_steps.kernels, []
+    steps = fast.fast_steps
+    kernels, calls = steps.kernels, []
     loops = kernels._k
 
-    def counted(*args):
-        calls.append(1)
-        return loops.block_front(*args)
+    def counted(name):
+        def call(*args):
+            calls.append(name)
+            return getattr(loops, name)(*args)
+        return call
 
-    kernels._k = SimpleNamespace(**{**vars(loops), "block_front": counted})
-    with use_kernel(False):
-        fast.hidden_states([1, 2], cache)
-    assert calls == []
-    fast.hidden_states([3], cache)
-    assert len(calls) == fast.n_layers
+    kernels._k = SimpleNamespace(**{**vars(loops), "block_front": counted("block_front"),
+                                    "layers": counted("layers")})
+    try:
+        with use_kernel(False):
+            fast.hidden_states([1, 2], cache)
+        assert calls == []
+        fast.hidden_states([3], cache)
+        assert calls == ["layers"]
+        calls.clear()
+        steps._lists = None
+        fast.hidden_states([4], cache)
+        assert calls == ["block_front"] * fast.n_layers
+    finally:
+        kernels._k, steps._lists = loops, False
 
 
 @pytest.fixture(scope="module")
@@ -273,10 +294,12 @@ def test_a_draft_chain_is_the_steps_one_by_one(family, config, temperature):
     2 tokens fed, then each draft fed back, the last one not: the same logits and cached keys
     and values to float32 rounding, the cache as long; greedy, each draft the argmax; sampled,
     q the loop's warp of the step's logits (to their rounding) and each draft what
-    sampling.sample draws from it with the same Generator's numbers. Biases (qwen2), a window
-    (mistral) and LayerNorm (gpt2) are not served: None, the cache untouched, nothing drawn."""
+    sampling.sample draws from it with the same Generator's numbers; the logits are the CPU
+    step's own, bit for bit (the same pieces and SiLU). Biases (qwen2), a window (mistral) and
+    LayerNorm (gpt2) are not served: None, the cache untouched, nothing drawn."""
     rng = np.random.default_rng(5)
     plain, fast, (a_cache, b_cache) = _warm_pair(family, 4, rng, 7, **config)
+    own_cache = copy.deepcopy(b_cache)
     feed, g, seed = [11, 30], 4, 9
     ours, theirs = np.random.default_rng(seed), np.random.default_rng(seed)
     done = fast.fast_steps.draft_chain(feed, b_cache, g, 48, temperature, ours)
@@ -288,8 +311,10 @@ def test_a_draft_chain_is_the_steps_one_by_one(family, config, temperature):
     assert tokens.shape == (g,) and logits.shape == (g, 48)
     assert (q is None) == (temperature == 0)
     for i in range(g):
-        step = plain.forward(feed if i == 0 else [int(tokens[i - 1])], a_cache)[-1]
+        fed = feed if i == 0 else [int(tokens[i - 1])]
+        step = plain.forward(fed, a_cache)[-1]
         _close(logits[i], step)
+        assert np.array_equal(logits[i], fast.forward(fed, own_cache)[-1])
         if temperature == 0:
             assert tokens[i] == np.argmax(step) == np.argmax(logits[i])
         else:

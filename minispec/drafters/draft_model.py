@@ -64,8 +64,8 @@ class FusedModelDrafter(TunedModelDrafter):
     one-hot. Sampled with temperature alone (top-k and top-p off): q the softmax the loop's warp
     computes, in float64, and each draft drawn from it as sampling.sample draws, its uniform
     taken from `rng` in the core loop's order (q's last bits may differ from warp's: q is the
-    distribution the draft was drawn from, which is what verify needs). The logits may differ
-    from the core loop's in the last bits (numba's tanh in the MLP). Anything else (top-k,
+    distribution the draft was drawn from, which is what verify needs). The logits are the
+    draft model's own CPU step's, bit for bit. Anything else (top-k,
     top-p, a model the step does not serve) is the core's loop.
 
     draft_vocab: TunedModelDrafter's option (no `stop`): the chain computes only those rows of
