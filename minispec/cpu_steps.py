@@ -243,8 +243,9 @@ class CpuSteps:
         """Every layer for B sequences (batch_forward.batch_run_layers): rows h [N, D], sequence
         b's sizes[b] rows at positions starts[b].. on caches[b], laid end to end. Norms, weight
         products and the MLP see all N rows; RoPE with the cache write and attention go sequence
-        by sequence: inside one numba call per layer for Llama-shaped blocks
-        (`NumbaKernels.batch_block`), else one call per sequence and layer. None when a sequence
+        by sequence: for a model of Llama-shaped blocks inside one numba call
+        (kernels.batch_layers; one a layer, `NumbaKernels.batch_block`, where the layers'
+        weights are of mixed types), else one call per sequence and layer. None when a sequence
         feeds more than MAX_TOKENS tokens. The caller has checked that every span fits its
         cache."""
         m = self.model
@@ -259,6 +260,12 @@ class CpuSteps:
         if kernel_in_use() and all(one._block_weights(p, tables) is not None for p in blocks):
             k_caches, v_caches = (one._k.typed_list([getattr(c, kv) for c in caches])
                                   for kv in ("k", "v"))
+            lists, c = self._layer_lists(), m.config
+            if lists is not None:  # every layer in one call
+                return one._k.batch_layers(
+                    np.ascontiguousarray(h), bounds, *lists, np.float32(c.norm_eps), m._cos,
+                    m._sin, k_caches, v_caches, positions, c.n_heads, c.n_kv_heads,
+                    np.float32(1.0 / math.sqrt(c.head_dim)), c.sliding_window or 0)
             for i, p in enumerate(blocks):
                 h = one.batch_block(h, p, m.config, tables, bounds, k_caches, v_caches, i,
                                     positions)

@@ -8,15 +8,16 @@ tests/test_cpu_steps.py). They share one file
 because numba caches each compiled function on disk under the file that defines it: a loop
 calling a loop from another file would keep the old machine code of that one after the other
 file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call),
-`batch_front` (the same for a batch of sequences), `layers` (every layer of a model) and
-`draft_chain` (a draft model's chain of drafts) call the others. None calls another of those
-four, nor a loop made for two of them: with `_draft_chain` calling `block_front`'s compiled
-dispatcher (a module global), a second run of the suite on two workers loaded machine code that
-broke block_front's bits (weights/README.md, "The model drafter's chain in one call"), and with
-`layers` and `draft_chain` both calling one loop over the layers, the machine code `layers`
-loaded from the cache gave other bits than it had compiled for calls of 7 rows (so
-`_draft_chain` spells that loop out again); calling the pieces, as `_batch_front` does, they
-did not.
+`batch_front` (the same for a batch of sequences), `layers` and `batch_layers` (every layer of
+a model, for one sequence or a batch) and `draft_chain` (a draft model's chain of drafts) call
+the others. None calls another of those five, nor a loop made for two of them: with
+`_draft_chain` calling `block_front`'s compiled dispatcher (a module global), a second run of
+the suite on two workers loaded machine code that broke block_front's bits (weights/README.md,
+"The model drafter's chain in one call"), and with `layers` and `draft_chain` both calling one
+loop over the layers, the machine code `layers` loaded from the cache gave other bits than it
+had compiled for calls of 7 rows (so each spells that loop out; the SiLU's multiply-adds,
+fused by one compilation and not by another until `_silu_kernel` fused them by hand, may have
+been the cause); calling the pieces, as `_batch_front` does, they did not.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
-_pick = _silu = None  # draft_chain's argmax or draw; SiLU
+_pick = _silu = _fma1 = None  # draft_chain's argmax or draw; SiLU; a fused a * b + c
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
@@ -47,12 +48,13 @@ def compiled() -> SimpleNamespace | None:
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
-    its GGUF blocks (block_tiles); silu(gate, up), SiLU(gate) * up in place; layers, every layer
-    of a Llama-shaped model; draft_chain, a draft model's chain of drafts."""
+    its GGUF blocks (block_tiles); silu(gate, up), SiLU(gate) * up in place; layers and
+    batch_layers, every layer of a Llama-shaped model for one sequence or a batch; draft_chain,
+    a draft model's chain of drafts."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight, _pick, _silu
+    global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1
     if _KERNELS is None:
         try:
             import numba
@@ -70,6 +72,7 @@ def compiled() -> SimpleNamespace | None:
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _pick = numba.njit(cache=True)(_pick_kernel)  # no fastmath, as draft_chain
+        _fma1 = _scalar_fma(numba)
         _silu = numba.njit(cache=True, error_model="numpy")(_silu_kernel)  # as written
         _weight = numba.njit(fastmath=True, cache=True, inline="always")(_weight_kernel)
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
@@ -82,7 +85,8 @@ def compiled() -> SimpleNamespace | None:
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
                                    block_product=block_product,
                                    draft_chain=numba.njit(cache=True)(_draft_chain),
-                                   silu=_silu, layers=jit(_layers))
+                                   silu=_silu, layers=jit(_layers),
+                                   batch_layers=jit(_batch_layers))
     return _KERNELS or None
 
 
@@ -584,6 +588,27 @@ def _either_product(numba, block_product) -> None:
         return lambda x, tiles, y: _product(x, tiles, y)
 
 
+def _scalar_fma(numba):
+    """`_fma1(a, b, c)`: a * b + c in float32 with one rounding (llvm.fma.f32), for loops whose
+    bits must not depend on whether LLVM fuses a multiply and an add (kernels.silu)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    f32 = ir.FloatType()
+
+    @intrinsic
+    def fma1(typingctx, a, b, c):
+        def codegen(context, builder, sig, args):
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(f32, [f32, f32, f32]), "llvm.fma.f32")
+            return builder.call(fn, list(args))
+
+        return types.float32(types.float32, types.float32, types.float32), codegen
+
+    return fma1
+
+
 def _block_intrinsics(numba, lanes):
     """numba functions for the block products, on the 64-lane values of _lanes_intrinsics
     (`lanes`, their numba type): `_halves(tiles, k, b, at)` the 64 float16 at byte `at` of
@@ -867,6 +892,37 @@ def _layers(h, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f
     return h
 
 
+def _batch_layers(h, bounds, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f,
+                  eps, cos, sin, k_caches, v_caches, positions, n_heads, n_kv, scale,
+                  window):  # pragma: no cover - runs compiled
+    # every layer for B sequences' rows laid end to end (_batch_front's arguments; its loop
+    # spelled out again with each layer's weights from numba lists, as _layers does for one
+    # sequence): per layer _batch_front's pieces, then silu(gate) * up and the down product plus
+    # h, the arithmetic of NumbaKernels.batch_block, so the same bits
+    no_tree = np.zeros(0, np.uint32)
+    has_tree = no_tree.shape[0] > 0  # False, as a value (see _batch_front)
+    t = h.shape[0]
+    for i in range(len(wqkvs)):
+        qkv = _heads(h, attn_norm_ws[i], wqkvs[i], eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
+        att = np.empty((t, n_heads * qkv.shape[2]), np.float32)
+        for b in range(bounds.shape[0] - 1):
+            lo, hi = bounds[b], bounds[b + 1]
+            k_cache, v_cache = k_caches[b][i], v_caches[b][i]
+            rows, at = qkv[lo:hi], positions[lo:hi]
+            _rope(rows, cos, sin, k_cache, v_cache, at, at, n_heads, n_kv)
+            _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
+                    att[lo:hi])
+        h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
+        _silu(gate, up)
+        y = np.empty_like(h)
+        _any_product(gate, w_downs[i], y)
+        for r in range(t):
+            for j in range(y.shape[1]):
+                y[r, j] += h[r, j]  # h + mlp
+        h = y
+    return h
+
+
 def _pick_kernel(lrow, qrow, u, temperature):  # pragma: no cover - runs compiled
     # draft_chain's choice from one step's logits lrow [n] -> an index into it: temperature 0
     # the argmax (the first on ties, as np.argmax), qrow untouched; else qrow [n] = softmax(lrow
@@ -941,14 +997,23 @@ def _silu_kernel(gate, up):  # pragma: no cover - runs compiled
     # gate [T, F] = silu(gate) * up in place, model.silu's arithmetic (x * ((1 + tanh(x / 2))
     # * 0.5)) with tanh a rational function: numba's np.tanh is one call of the C library per
     # number, this loop LLVM vectorizes (16 at a time; error_model="numpy" lets the division
-    # raise nothing). Within 6 ulp of tanh where NumPy's is within 1.4; a NaN gate stays NaN.
+    # raise nothing). Its multiply-adds are fused by hand (_fma1), so that no compilation can
+    # fuse them otherwise and change the bits; past the edge tanh is +-1, as float32's is.
+    # Within 6 ulp of tanh where NumPy's is within 1.4; NaN and +-inf as NumPy's.
     a, b, c, d, e, f, g7 = _TANH_P
     q3, q2, q1, q0 = _TANH_Q
+    one, half = np.float32(1), np.float32(0.5)
     for r in range(gate.shape[0]):
         for j in range(gate.shape[1]):
             x = gate[r, j]
-            h = min(max(x * np.float32(0.5), -_TANH_EDGE), _TANH_EDGE)
-            h2 = h * h
-            p = ((((((a * h2 + b) * h2 + c) * h2 + d) * h2 + e) * h2 + f) * h2 + g7) * h
-            q = ((q3 * h2 + q2) * h2 + q1) * h2 + q0
-            gate[r, j] = x * ((p / q + np.float32(1)) * np.float32(0.5)) * up[r, j]
+            h = x * half
+            k = min(max(h, -_TANH_EDGE), _TANH_EDGE)
+            k2 = k * k
+            p = _fma1(_fma1(_fma1(_fma1(_fma1(_fma1(a, k2, b), k2, c), k2, d), k2, e), k2, f),
+                      k2, g7) * k
+            t = p / _fma1(_fma1(_fma1(q3, k2, q2), k2, q1), k2, q0)
+            if h >= _TANH_EDGE:
+                t = one
+            elif h <= -_TANH_EDGE:
+                t = -one
+            gate[r, j] = x * ((t + one) * half) * up[r, j]

@@ -251,38 +251,49 @@ def test_a_batch_gives_each_sequence_its_own_step_bit_for_bit(family, config):
     """B sequences at their own positions, 1..5 tokens each, in one batched call on the CPU
     step: each sequence's rows and cached keys are those of its own call, bit for bit, and
     agree with model.py's plain batched call, every family (mistral's window of 6 hides the
-    oldest keys), heads of 64 too. Llama-shaped blocks take one call per layer for the whole
-    batch (kernels.batch_front)."""
+    oldest keys), heads of 64 too. A model of Llama-shaped blocks takes one call for the whole
+    batch (kernels.batch_layers), or one a layer (kernels.batch_front) where the layers' lists
+    are not made: both ways are checked."""
     from types import SimpleNamespace
 
     from minispec.batch_forward import batch_hidden
 
     rng = np.random.default_rng(2)
     plain, fast, _ = _warm_pair(family, 5, rng, 0, **config)
-    kernels, calls = fast.fast_steps.kernels, []
+    steps = fast.fast_steps
+    kernels, calls = steps.kernels, []
     loops = kernels._k
 
-    def counted(*args):
-        calls.append(1)
-        return loops.batch_front(*args)
+    def counted(name):
+        def call(*args):
+            calls.append(name)
+            return getattr(loops, name)(*args)
+        return call
 
-    kernels._k = SimpleNamespace(**{**vars(loops), "batch_front": counted})
+    kernels._k = SimpleNamespace(**{**vars(loops), "batch_front": counted("batch_front"),
+                                    "batch_layers": counted("batch_layers")})
     prompts = [rng.integers(0, 48, n).tolist() for n in (3, 9, 6, 1)]
     batched, alone, ref = ([m.new_cache(48) for _ in prompts] for m in (fast, fast, plain))
     for model, caches in ((fast, batched), (fast, alone), (plain, ref)):
         for p, c in zip(prompts, caches):
             model.hidden_states(p, c)
-    for sizes in ((1, 1, 1, 1), (5, 1, 3, 2), (1, 4, 1, 1)):
+    lists = steps._layer_lists()
+    for i, sizes in enumerate(((1, 1, 1, 1), (5, 1, 3, 2), (1, 4, 1, 1))):
         toks = [rng.integers(0, 48, t).tolist() for t in sizes]
+        steps._lists = None if i == 1 else lists  # the second call a layer at a time
         got = batch_hidden(fast, toks, batched)
+        steps._lists = lists
         want = [fast.hidden_states(t, c) for t, c in zip(toks, alone)]
         for g, w, r in zip(got, want, batch_hidden(plain, toks, ref)):
             assert np.array_equal(g, w)
             _close(g, r)
+    kernels._k = loops
     for a, b in zip(batched, alone):
         n = b.length
         assert a.length == n and np.array_equal(a.k[:, :, :n], b.k[:, :, :n])
-    assert len(calls) == (3 * fast.n_layers if family in ("llama", "mistral") else 0)
+    llama_shaped = family in ("llama", "mistral")
+    assert calls == (["batch_layers", *["batch_front"] * fast.n_layers, "batch_layers"]
+                     if llama_shaped else [])
 
 
 @pytest.mark.parametrize("family, config", [("llama", {}), ("llama", HEAD_64),
