@@ -31,6 +31,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
+_mlp_out = None  # a block's end: SiLU, the down product, the residual
 _pick = _silu = _fma1 = None  # draft_chain's argmax or draw; SiLU; a fused a * b + c
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
@@ -54,7 +55,7 @@ def compiled() -> SimpleNamespace | None:
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
-    global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1
+    global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1, _mlp_out
     if _KERNELS is None:
         try:
             import numba
@@ -79,6 +80,7 @@ def compiled() -> SimpleNamespace | None:
         _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
         _either_product(numba, block_product)
+        _mlp_out = jit(_mlp_out_kernel)  # after _silu and _any_product
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
@@ -837,13 +839,7 @@ def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates
             _attend(qkv, k_cache[i], v_cache[i], positions, positions, no_tree, has_tree, n_heads,
                     scale, window, att)
             h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
-            _silu(gate, up)
-            y = np.empty_like(h)
-            _any_product(gate, w_downs[i], y)
-            for r in range(t):
-                for j in range(y.shape[1]):
-                    y[r, j] += h[r, j]  # h + mlp
-            h = y
+            h = _mlp_out(h, gate, up, w_downs[i])
         last = np.empty((1, h.shape[1]), np.float32)
         _norm(h[t - 1:], norm_w, eps, last)
         n = cols.shape[0]
@@ -882,13 +878,7 @@ def _layers(h, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f
         _attend(qkv, k_cache[i], v_cache[i], positions, slots, tree, has_tree, n_heads, scale,
                 window, att)
         h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
-        _silu(gate, up)
-        y = np.empty_like(h)
-        _any_product(gate, w_downs[i], y)
-        for r in range(t):
-            for j in range(y.shape[1]):
-                y[r, j] += h[r, j]  # h + mlp
-        h = y
+        h = _mlp_out(h, gate, up, w_downs[i])
     return h
 
 
@@ -913,13 +903,7 @@ def _batch_layers(h, bounds, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_u
             _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
                     att[lo:hi])
         h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
-        _silu(gate, up)
-        y = np.empty_like(h)
-        _any_product(gate, w_downs[i], y)
-        for r in range(t):
-            for j in range(y.shape[1]):
-                y[r, j] += h[r, j]  # h + mlp
-        h = y
+        h = _mlp_out(h, gate, up, w_downs[i])
     return h
 
 
@@ -982,6 +966,18 @@ def _mlp_in_kernel(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps):  # pragma: no 
     _any_product(xn, w_gate, gate)
     _any_product(xn, w_up, up)
     return h, gate, up
+
+
+def _mlp_out_kernel(h, gate, up, w_down):  # pragma: no cover - runs compiled
+    # the MLP's end: h + (silu(gate) * up) times w_down -> [T, D] (gate is overwritten), as
+    # NumbaKernels.block finishes a block after block_front
+    _silu(gate, up)
+    y = np.empty_like(h)
+    _any_product(gate, w_down, y)
+    for r in range(h.shape[0]):
+        for j in range(y.shape[1]):
+            y[r, j] += h[r, j]  # h + mlp
+    return y
 
 
 _TANH_EDGE = np.float32(7.90531110763549805)  # past it tanh rounds to +-1 in float32

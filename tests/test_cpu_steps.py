@@ -113,6 +113,23 @@ def test_a_tree_call_equals_the_plain_tree_call(family, m, parents):
     _close(b_cache.k[:, :, :end], a_cache.k[:, :, :end])
 
 
+def _count_calls(kernels, *names):
+    """Make the numba loops `names` of a NumbaKernels record each call (by name, in order) in
+    the list returned; the caller puts kernels._k back."""
+    from types import SimpleNamespace
+
+    loops, calls = kernels._k, []
+
+    def counted(name):
+        def call(*args):
+            calls.append(name)
+            return getattr(loops, name)(*args)
+        return call
+
+    kernels._k = SimpleNamespace(**{**vars(loops), **{n: counted(n) for n in names}})
+    return calls
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_layer_in_one_call_equals_a_block_a_call_and_the_pieces(family):
     """kernels.layers (every layer of a Llama-shaped model in one numba call), kernels.block_front
@@ -168,23 +185,12 @@ def test_with_the_kernel_off_the_layers_go_piece_by_piece():
     layers and blocks (whose products are the kernel's) are not used then; with it on, a step is
     one call of kernels.layers, or one of block_front a layer where the layers' lists are not
     made."""
-    from types import SimpleNamespace
-
     from minispec.backend import use_kernel
 
     _, fast, (_, cache) = _warm_pair("llama", 6, np.random.default_rng(5), 4)
     steps = fast.fast_steps
-    kernels, calls = steps.kernels, []
-    loops = kernels._k
-
-    def counted(name):
-        def call(*args):
-            calls.append(name)
-            return getattr(loops, name)(*args)
-        return call
-
-    kernels._k = SimpleNamespace(**{**vars(loops), "block_front": counted("block_front"),
-                                    "layers": counted("layers")})
+    kernels, loops = steps.kernels, steps.kernels._k
+    calls = _count_calls(kernels, "block_front", "layers")
     try:
         with use_kernel(False):
             fast.hidden_states([1, 2], cache)
@@ -254,24 +260,13 @@ def test_a_batch_gives_each_sequence_its_own_step_bit_for_bit(family, config):
     oldest keys), heads of 64 too. A model of Llama-shaped blocks takes one call for the whole
     batch (kernels.batch_layers), or one a layer (kernels.batch_front) where the layers' lists
     are not made: both ways are checked."""
-    from types import SimpleNamespace
-
     from minispec.batch_forward import batch_hidden
 
     rng = np.random.default_rng(2)
     plain, fast, _ = _warm_pair(family, 5, rng, 0, **config)
     steps = fast.fast_steps
-    kernels, calls = steps.kernels, []
-    loops = kernels._k
-
-    def counted(name):
-        def call(*args):
-            calls.append(name)
-            return getattr(loops, name)(*args)
-        return call
-
-    kernels._k = SimpleNamespace(**{**vars(loops), "batch_front": counted("batch_front"),
-                                    "batch_layers": counted("batch_layers")})
+    kernels, loops = steps.kernels, steps.kernels._k
+    calls = _count_calls(kernels, "batch_front", "batch_layers")
     prompts = [rng.integers(0, 48, n).tolist() for n in (3, 9, 6, 1)]
     batched, alone, ref = ([m.new_cache(48) for _ in prompts] for m in (fast, fast, plain))
     for model, caches in ((fast, batched), (fast, alone), (plain, ref)):
