@@ -10,14 +10,14 @@ calling a loop from another file would keep the old machine code of that one aft
 file changed. `block_front` (a transformer block up to its MLP's SiLU, in one call),
 `batch_front` (the same for a batch of sequences), `layers` and `batch_layers` (every layer of
 a model, for one sequence or a batch) and `draft_chain` (a draft model's chain of drafts) call
-the others. None calls another of those five, nor a loop made for two of them: with
-`_draft_chain` calling `block_front`'s compiled dispatcher (a module global), a second run of
-the suite on two workers loaded machine code that broke block_front's bits (weights/README.md,
-"The model drafter's chain in one call"), and with `layers` and `draft_chain` both calling one
-loop over the layers, the machine code `layers` loaded from the cache gave other bits than it
-had compiled for calls of 7 rows (so each spells that loop out; the SiLU's multiply-adds,
-fused by one compilation and not by another until `_silu_kernel` fused them by hand, may have
-been the cause); calling the pieces, as `_batch_front` does, they did not.
+the others, and pieces made for several of them (`_mlp_out`, `_attend_each`), never another
+of those five: with `_draft_chain` calling `block_front`'s compiled dispatcher (a module
+global), a second run of the suite on two workers loaded machine code that broke block_front's
+bits (weights/README.md, "The model drafter's chain in one call"). A first `layers` sharing one
+loop over the layers with `draft_chain` gave other bits when loaded from numba's cache for
+7-row calls: the SiLU, whose fastmath was left unset, took the flags of whichever caller
+compiled it first (SILU_FLAGS spells them out since), the likely cause; `_draft_chain` still
+spells that loop out.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False:
 _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
-_mlp_out = None  # a block's end: SiLU, the down product, the residual
+_mlp_out = _attend_each = None  # a block's end; a batch's RoPE and attention
 _pick = _silu = _fma1 = None  # draft_chain's argmax or draw; SiLU; a fused a * b + c
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
@@ -56,6 +56,7 @@ def compiled() -> SimpleNamespace | None:
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
     global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1, _mlp_out
+    global _attend_each
     if _KERNELS is None:
         try:
             import numba
@@ -72,9 +73,10 @@ def compiled() -> SimpleNamespace | None:
         _product = jit(_product_kernel)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
+        _attend_each = jit(_attend_each_kernel)
         _pick = numba.njit(cache=True)(_pick_kernel)  # no fastmath, as draft_chain
         _fma1 = _scalar_fma(numba)
-        _silu = numba.njit(cache=True, error_model="numpy")(_silu_kernel)  # as written
+        _silu = numba.njit(cache=True, **SILU_FLAGS)(_silu_kernel)
         _weight = numba.njit(fastmath=True, cache=True, inline="always")(_weight_kernel)
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
         _block_sums = jit(_block_sums_kernel)
@@ -793,7 +795,16 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
     # caches, k_caches[b] and v_caches[b] [L, K, S_max, E] (numba lists). Each row's arithmetic
     # is the one-sequence call's, in the same order: the same bits.
     qkv = _heads(x, attn_norm_w, wqkv, eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
-    att = np.empty((x.shape[0], n_heads * qkv.shape[2]), np.float32)
+    att = _attend_each(qkv, bounds, cos, sin, k_caches, v_caches, layer, positions, n_heads,
+                       n_kv, scale, window)
+    return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
+
+
+def _attend_each_kernel(qkv, bounds, cos, sin, k_caches, v_caches, layer, positions, n_heads,
+                        n_kv, scale, window):  # pragma: no cover - runs compiled
+    # RoPE with the cache write and attention for B sequences' rows qkv [N, H + 2K, E] laid end
+    # to end, sequence by sequence, each on layer `layer` of its own caches -> att [N, H * E]
+    att = np.empty((qkv.shape[0], n_heads * qkv.shape[2]), np.float32)
     no_tree = np.zeros(0, np.uint32)
     has_tree = no_tree.shape[0] > 0  # False, as a value: a literal False compiles _attend again
     for b in range(bounds.shape[0] - 1):
@@ -803,7 +814,7 @@ def _batch_front(x, bounds, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, 
         _rope(rows, cos, sin, k_cache, v_cache, at, at, n_heads, n_kv)
         _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
                 att[lo:hi])
-    return _mlp_in(x, att, wo, mlp_norm_w, w_gate, w_up, f, eps)
+    return att
 
 
 def _draft_chain(ids, pos, embed, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups,
@@ -885,23 +896,13 @@ def _layers(h, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f
 def _batch_layers(h, bounds, attn_norm_ws, wqkvs, wos, mlp_norm_ws, w_gates, w_ups, w_downs, f,
                   eps, cos, sin, k_caches, v_caches, positions, n_heads, n_kv, scale,
                   window):  # pragma: no cover - runs compiled
-    # every layer for B sequences' rows laid end to end (_batch_front's arguments; its loop
-    # spelled out again with each layer's weights from numba lists, as _layers does for one
-    # sequence): per layer _batch_front's pieces, then silu(gate) * up and the down product plus
-    # h, the arithmetic of NumbaKernels.batch_block, so the same bits
-    no_tree = np.zeros(0, np.uint32)
-    has_tree = no_tree.shape[0] > 0  # False, as a value (see _batch_front)
-    t = h.shape[0]
+    # every layer for B sequences' rows laid end to end (_batch_front's arguments, each layer's
+    # weights from numba lists, as _layers takes them for one sequence): per layer _batch_front's
+    # pieces, then _mlp_out, the arithmetic of NumbaKernels.batch_block, so the same bits
     for i in range(len(wqkvs)):
         qkv = _heads(h, attn_norm_ws[i], wqkvs[i], eps, n_heads + 2 * n_kv, 2 * cos.shape[1])
-        att = np.empty((t, n_heads * qkv.shape[2]), np.float32)
-        for b in range(bounds.shape[0] - 1):
-            lo, hi = bounds[b], bounds[b + 1]
-            k_cache, v_cache = k_caches[b][i], v_caches[b][i]
-            rows, at = qkv[lo:hi], positions[lo:hi]
-            _rope(rows, cos, sin, k_cache, v_cache, at, at, n_heads, n_kv)
-            _attend(rows, k_cache, v_cache, at, at, no_tree, has_tree, n_heads, scale, window,
-                    att[lo:hi])
+        att = _attend_each(qkv, bounds, cos, sin, k_caches, v_caches, i, positions, n_heads,
+                           n_kv, scale, window)
         h, gate, up = _mlp_in(h, att, wos[i], mlp_norm_ws[i], w_gates[i], w_ups[i], f, eps)
         h = _mlp_out(h, gate, up, w_downs[i])
     return h
@@ -988,13 +989,18 @@ _TANH_P = tuple(np.float32(c) for c in (  # tanh(x) ~ x p(x^2) / q(x^2) on [-edg
 _TANH_Q = tuple(np.float32(c) for c in (
     1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03))
 
+SILU_FLAGS = {"error_model": "numpy", "fastmath": False}  # _silu_kernel's, spelled out: numba
+# gives a function whose fastmath is left unset the flags of the first caller that compiles it
+# (_mlp_out's fastmath), and its bits would then depend on which path ran first
+
 
 def _silu_kernel(gate, up):  # pragma: no cover - runs compiled
     # gate [T, F] = silu(gate) * up in place, model.silu's arithmetic (x * ((1 + tanh(x / 2))
     # * 0.5)) with tanh a rational function: numba's np.tanh is one call of the C library per
     # number, this loop LLVM vectorizes (16 at a time; error_model="numpy" lets the division
-    # raise nothing). Its multiply-adds are fused by hand (_fma1), so that no compilation can
-    # fuse them otherwise and change the bits; past the edge tanh is +-1, as float32's is.
+    # raise nothing). Its multiply-adds are fused by hand (_fma1) and it is compiled without
+    # fastmath (SILU_FLAGS), so that no compilation can change its bits; past the edge tanh is
+    # +-1, as float32's is.
     # Within 6 ulp of tanh where NumPy's is within 1.4; NaN and +-inf as NumPy's.
     a, b, c, d, e, f, g7 = _TANH_P
     q3, q2, q1, q0 = _TANH_Q

@@ -537,6 +537,26 @@ def test_the_silu_loop_is_model_silu_within_a_few_ulp():
         assert np.array_equal(one[0], rows[r])
 
 
+def test_the_silu_loop_has_the_same_bits_whoever_compiles_it_first():
+    """kernels.silu compiled first as the callee of a fastmath loop (as _mlp_out compiles it)
+    gives the bits it gives compiled alone: its flags are its own (kernels.SILU_FLAGS), not
+    its first caller's."""
+    numba = pytest.importorskip("numba")
+    from minispec import kernels
+
+    kernels.compiled()  # the intrinsics the loop calls
+    alone = numba.njit(**kernels.SILU_FLAGS)(kernels._silu_kernel)
+    inside = numba.njit(**kernels.SILU_FLAGS)(kernels._silu_kernel)
+    caller = numba.njit(fastmath=True)(lambda gate, up: inside(gate, up))
+    x = np.linspace(-9, 9, 4097, dtype=np.float32).reshape(1, -1)
+    up = np.random.default_rng(1).uniform(-2, 2, x.shape).astype(np.float32)
+    got = [x.copy() for _ in range(3)]
+    caller(got[0], up)  # compiles `inside` within the fastmath caller
+    inside(got[1], up)
+    alone(got[2], up)
+    assert np.array_equal(got[0], got[2]) and np.array_equal(got[1], got[2])
+
+
 def test_supported_says_why_not():
     qwen3 = random_model(tiny_config("qwen3"), seed=0)
     assert "Qwen3" in cpu_steps.supported(qwen3)
