@@ -55,7 +55,7 @@ from .core.speculative import (
     new_target_cache,
 )
 from .core.verify import verify as minispec_verify
-from .drafters import draft_model
+from .drafters import draft_model, make_drafter
 from .errors import MinispecError
 from .tree import TreeDrafter, check_draft, finish_round, hidden_tree, settle
 
@@ -465,8 +465,8 @@ class BatchDecoder:
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=DEFAULT_GAMMA,
                  verify=minispec_verify, costs: BatchCosts | None = None,
                  max_batch: int | None = None) -> None:
-        if isinstance(drafter, Model) and isinstance(target, Model):  # as make_drafter("model")
-            drafter = draft_model.FusedModelDrafter(target, drafter)  # makes: one call a chain
+        if isinstance(drafter, Model) and isinstance(target, Model):  # one call a chain, and
+            drafter = make_drafter("model", target, draft_model=drafter)  # its greedy vocabulary
         self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
         self.target, self.sampling, self.verify = target, sampling, verify
         self.gamma = gamma

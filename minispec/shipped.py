@@ -1,8 +1,8 @@
 """Where the shipped models live: `weights/` in a checkout, or the copy a wheel installs.
 
 `pip install .` (or a wheel) carries weights/target, weights/draft, weights/medusa,
-weights/eagle, weights/prompts.json and weights/workloads/ as the package data of
-`minispec._weights`, so every
+weights/eagle, weights/prompts.json, weights/greedy_vocab.json and weights/workloads/ as the
+package data of `minispec._weights`, so every
 command that defaults to the shipped models works from any directory. A checkout (and an
 editable install) reads its own weights/ folder instead.
 """

@@ -39,6 +39,7 @@ def test_the_wheel_carries_every_shipped_model(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
     assert "minispec/_weights/prompts.json" in names and "minispec/shipped.py" in names
+    assert "minispec/_weights/greedy_vocab.json" in names  # the model drafter's default at T = 0
     for model in ("target", "draft", "medusa", "eagle", "workloads"):
         if (ROOT / "weights" / model).is_dir():  # every folder the checkout ships
             for f in (ROOT / "weights" / model).iterdir():

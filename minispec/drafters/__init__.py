@@ -41,7 +41,7 @@ from .files import find_head_dir, read_head_dir
 from .medusa import MedusaDrafter, load_medusa, random_medusa
 from .ngram import NgramDrafter, find_ngram, find_ngrams
 from .tree_model import TreeModelDrafter
-from .vocab import load_draft_vocab, read_draft_vocab
+from .vocab import load_draft_vocab, read_draft_vocab, read_greedy_vocab
 
 DRAFTERS = ("model", "ngram", "early-exit", "model-tree", "medusa", "eagle", "auto")
 SHIPPED_MEDUSA = SHIPPED / "medusa"  # weights/ in a checkout, or the installed copy
@@ -77,19 +77,24 @@ __all__ = [
     "NgramDrafter", "NoDrafter", "PRESETS", "PRESET_GAMMA",
     "TreeModelDrafter", "TunedModelDrafter", "check_vocabularies", "default_exit_layer",
     "find_ngram", "find_ngrams", "head_draft_vocab", "load_draft_vocab", "load_eagle",
-    "load_medusa", "make_drafter", "random_eagle", "random_medusa", "sampled_vocab_size",
+    "load_medusa", "make_drafter", "random_eagle", "random_medusa", "read_greedy_vocab",
+    "sampled_vocab_size",
 ]
 
 
 def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None = None,
                  tree=None, medusa_dir=None, dynamic=None, eagle_dir=None,
                  stop: float | None = None, draft_vocab=None, copy: int | None = None,
-                 lookup: int | None = None) -> Drafter:
+                 lookup: int | None = None, greedy_vocab="shipped") -> Drafter:
     """The drafter called `name` (one of DRAFTERS) for `target`.
 
     "model" needs draft_model (a Model sharing the target's vocabulary) and takes stop (a chain
     ended where the draft's own confidence falls below it) and draft_vocab (ascending token ids:
-    only their rows of its LM head are computed, q = 0 elsewhere); "early-exit" runs the
+    only their rows of its LM head are computed, q = 0 elsewhere) and, without stop,
+    greedy_vocab (ascending token ids the chain drafts from at temperature 0 alone, in place of
+    draft_vocab there; default "shipped": without draft_vocab, the target's greedy vocabulary
+    in weights/greedy_vocab.json, if it has one; None: none; "medusa" and "eagle" take it too,
+    EAGLE where neither stop nor dynamic is given); "early-exit" runs the
     first exit_layer layers of the target (default: default_exit_layer, a quarter of them);
     "ngram" looks up the context, max_n 3; "model-tree" needs draft_model and takes tree, the
     children per depth (default (2, 2, 1, 1)); "medusa" loads heads from medusa_dir (default:
@@ -112,7 +117,11 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
         if stop is None:
-            return FusedModelDrafter(target, draft_model, draft_vocab)
+            shipped = isinstance(greedy_vocab, str)  # the default: not with a draft_vocab
+            ids = None if shipped and draft_vocab is not None else _greedy_ids(greedy_vocab, target)
+            if shipped and ids is not None:  # the shipped ids, of those a smaller draft has
+                ids = ids[ids < sampled_vocab_size(draft_model)]
+            return FusedModelDrafter(target, draft_model, draft_vocab, ids)
         return TunedModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":
         if draft_model is None:
@@ -121,11 +130,15 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
     if name == "medusa":
         if medusa_dir is None:
             medusa_dir = find_head_dir(SHIPPED_HEADS["medusa"], target, "Medusa heads")
-        return load_medusa(medusa_dir, target, *(() if tree is None else (tree,)))
+        heads = load_medusa(medusa_dir, target, *(() if tree is None else (tree,)))
+        heads.greedy_vocab(_greedy_ids(greedy_vocab, target))
+        return heads
     if name == "eagle":
         if eagle_dir is None:
             eagle_dir = find_head_dir(SHIPPED_HEADS["eagle"], target, "EAGLE head")
-        return load_eagle(eagle_dir, target, tree, dynamic, stop, copy)
+        head = load_eagle(eagle_dir, target, tree, dynamic, stop, copy)
+        head.greedy_vocab(_greedy_ids(greedy_vocab, target))
+        return head
     if name == "ngram":
         return NgramDrafter(target)
     if name == "auto":
@@ -135,6 +148,17 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
         k = default_exit_layer(target) if exit_layer is None else exit_layer
         return EarlyExitDrafter(target, k)
     raise MinispecError(f"drafter: expected one of {' | '.join(DRAFTERS)}, got {name!r}")
+
+
+def _greedy_ids(greedy_vocab, target):
+    """make_drafter's greedy_vocab: "shipped" -> the target's listed greedy vocabulary (or
+    None); None or ids as given."""
+    if isinstance(greedy_vocab, str):
+        if greedy_vocab != "shipped":
+            raise MinispecError(f"greedy_vocab: expected \"shipped\", None or token ids, got "
+                                f"{greedy_vocab!r:.40}")
+        return read_greedy_vocab(target)
+    return greedy_vocab
 
 
 def _auto_head(target, eagle_dir, stop, copy):

@@ -7,7 +7,8 @@ plain loop over the draft model's forward pass. Here, built on it:
   unchanged): a cut draft vocabulary (FR-Spec) and a chain of dynamic length (`stop`), drafted
   by `propose_batch`'s loop;
 - `FusedModelDrafter`, a TunedModelDrafter without `stop` whose chain is drafted in one numba
-  call on the CPU step (cpu_steps.CpuSteps.draft_chain): what make_drafter("model") makes
+  call on the CPU step (cpu_steps.CpuSteps.draft_chain), at temperature 0 over the target's
+  greedy vocabulary where one is given (drafters/vocab.py): what make_drafter("model") makes
   without `stop`;
 - `propose_batch`: every sequence of a batch drafted in one call of the draft model per step
   (minispec/batch.py calls it for any ModelDrafter, the options included, but for a
@@ -69,15 +70,26 @@ class FusedModelDrafter(TunedModelDrafter):
     top-p, a model the step does not serve) is the core's loop.
 
     draft_vocab: TunedModelDrafter's option (no `stop`): the chain computes only those rows of
-    the LM head, q = 0 elsewhere; where the chain does not serve, TunedModelDrafter's loop."""
+    the LM head, q = 0 elsewhere; where the chain does not serve, TunedModelDrafter's loop.
+    greedy_vocab: ascending token ids, a draft vocabulary for temperature 0 alone (in place of
+    draft_vocab there): a greedy draft is the argmax, q one-hot at it, so a cut that holds the
+    target's argmax drafts what the target keeps at a smaller cost (drafters/vocab.py)."""
 
-    def __init__(self, target, model, draft_vocab=None) -> None:
+    def __init__(self, target, model, draft_vocab=None, greedy_vocab=None) -> None:
         super().__init__(target, model, draft_vocab)
+        self.greedy_head = None if greedy_vocab is None else DraftVocab(
+            model, greedy_vocab, "model greedy_vocab")
+
+    def head(self, greedy: bool):
+        """The LM head a draft step uses: the greedy vocabulary's rows at T = 0 where there is
+        one, else the draft vocabulary's (None: the whole head)."""
+        return self.greedy_head if greedy and self.greedy_head is not None else self.draft_head
 
     def _loop(self, context, gamma, warp, rng) -> Draft:
-        """The chain without draft_chain: the core's loop, or with a draft vocabulary
+        """The chain without draft_chain: the core's loop, or with a cut vocabulary
         TunedModelDrafter's (the core's loop has none)."""
-        if self.draft_head is None:
+        s = getattr(warp, "sampling", None)
+        if self.head(s is not None and s.greedy) is None:
             return ModelDrafter.propose(self, context, gamma, warp, rng)
         return super().propose(context, gamma, warp, rng)
 
@@ -89,7 +101,8 @@ class FusedModelDrafter(TunedModelDrafter):
         g, feed = self.prepare(context, gamma)
         if g == 0:
             return self._loop(context, gamma, warp, rng)
-        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng, self.draft_head)
+        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng,
+                     self.head(s.greedy))
         if done is None:  # nothing drawn from rng: the loop draws as it would have
             return self._loop(context, gamma, warp, rng)
         tokens, logits, q = done  # q [g, V] when sampled
@@ -122,7 +135,7 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
         if not live:  # every chain ended early
             break
         hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
-        logits = heads(first, hs)  # [B_live, V_draft]: each sequence's last row
+        logits = heads(first, hs, getattr(warp, "sampling", None))  # [B_live, V_draft]
         probs = warp(logits)  # [B_live, V], in one call (warp works row by row)
         # the draft's own (unwarped) distributions, for `stop` (see the class docstring)
         own = None if stop is None else softmax(logits, 1.0)  # [B_live, V]
@@ -146,9 +159,12 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
     return out
 
 
-def heads(drafter, hs):
+def heads(drafter, hs, sampling=None):
     """The LM head on each sequence's last hidden row -> [B, V_draft]: the draft's own, or its
-    rows of the draft vocabulary (host logits, -inf outside it)."""
+    rows of a cut vocabulary (host logits, -inf outside it): the draft vocabulary's, or at
+    temperature 0 (`sampling` greedy) a FusedModelDrafter's greedy vocabulary's."""
     rows = drafter.model.xp.concatenate([h[-1:] for h in hs])  # [B, D]
-    head = getattr(drafter, "draft_head", None)
+    greedy = sampling is not None and sampling.greedy
+    head = (drafter.head(greedy) if hasattr(drafter, "head")
+            else getattr(drafter, "draft_head", None))
     return drafter.model.lm_head(rows) if head is None else head(rows)

@@ -147,6 +147,7 @@ class EagleDrafter(TreeDrafter):
         self.copy = None if copy is None else int(copy)
         self.acceptance = acceptance
         self.draft_head = DraftVocab(target, draft_vocab, "eagle draft_vocab")
+        self.greedy_head = None  # at T = 0, the target's greedy vocabulary (greedy_vocab())
         self.cache, self.feats, self.known, self.synced = None, None, 0, 0
 
     # -- state ---------------------------------------------------------------------------------
@@ -191,6 +192,23 @@ class EagleDrafter(TreeDrafter):
 
     # -- drafting ------------------------------------------------------------------------------
 
+    def greedy_vocab(self, ids) -> None:
+        """Draft over the token ids `ids` alone at temperature 0 (vocab.py: a greedy vocabulary;
+        None: the draft vocabulary there too). Only where the head's own probabilities choose
+        nothing (no `stop`, no dynamic tree): renormalised over a cut they would choose
+        otherwise."""
+        self.greedy_head = None if ids is None else DraftVocab(self.target, ids,
+                                                                 "eagle greedy_vocab")
+
+    def head(self, warp):
+        """The LM head rows a draft step computes: the greedy vocabulary's at T = 0 (where it
+        is used), else the draft vocabulary's."""
+        greedy = getattr(getattr(warp, "sampling", None), "greedy", False)
+        if (greedy and self.greedy_head is not None and self.stop is None
+                and self.dynamic is None):
+            return self.greedy_head
+        return self.draft_head
+
     def propose(self, context, gamma, warp, rng) -> Draft:
         room = self.cache.max_len - len(context) - 1
         gamma = min(gamma, room)
@@ -202,8 +220,9 @@ class EagleDrafter(TreeDrafter):
             return self.propose_tree(g, gamma, warp, rng)
         tokens, q = [], []
         sure = 1.0  # the estimated chance that the chain so far is kept (for `stop`)
+        head = self.head(warp)
         for i in range(gamma):
-            logits = self.draft_head(g)  # [1, V]
+            logits = head(g)  # [1, V]
             q_i = warp(logits)[0]
             if self.stop is not None:  # decided before sampling: see `stop` in __init__
                 own = np.exp(logits[0] - logits[0].max())
@@ -303,9 +322,9 @@ class EagleDrafter(TreeDrafter):
         # the context alone. With one, a node's score is its parent's times an estimate that
         # reads only the parent's distribution, the depth and the draw order (rank_chances):
         # whether a sampled child is kept then never depends on the token it drew.
-        mode = None
+        mode, head = None, self.head(warp)
         for d, k in enumerate(levels):
-            logits = self.draft_head(feats)  # [F, V]
+            logits = head(feats)  # [F, V]
             probs = warp(logits)
             top = logits.max(axis=1, keepdims=True)  # log-softmax: the draft's confidence
             logp = logits - (top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))

@@ -70,6 +70,7 @@ class MedusaDrafter(TreeDrafter):
             raise MinispecError(f"medusa tree: {len(self.shape)} levels asked for, but only "
                                 f"{len(self.heads)} heads")
         self.draft_head = DraftVocab(target, draft_vocab, "medusa draft_vocab")
+        self.greedy_head = None  # at T = 0, the target's greedy vocabulary (greedy_vocab())
         self.h, self.seen = None, 0  # the last hidden state, and the context length it is for
 
     def start(self, prompt_ids, cache) -> None:
@@ -79,17 +80,25 @@ class MedusaDrafter(TreeDrafter):
         """Keep the hidden state that produced the last context token: the heads read it."""
         self.h, self.seen = hidden[-1], len(context)
 
-    def guesses(self):
-        """Each head's logits from the last hidden state -> [K, V] (host)."""
+    def greedy_vocab(self, ids) -> None:
+        """Draft over the token ids `ids` alone at temperature 0 (vocab.py: a greedy vocabulary;
+        None: the draft vocabulary there too)."""
+        self.greedy_head = None if ids is None else DraftVocab(self.target, ids,
+                                                                 "medusa greedy_vocab")
+
+    def guesses(self, head=None):
+        """Each head's logits from the last hidden state -> [K, V] (host), over the rows of
+        `head` (a DraftVocab; default the draft vocabulary's)."""
         xp, h = self.target.xp, self.h
         z = xp.stack([h + silu(xp, linear(h[None], w, b)[0]) for w, b in self.heads])  # [K, D]
-        return self.draft_head(z)  # [K, V]
+        return (head or self.draft_head)(z)  # [K, V]
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         levels = self.shape[:gamma]
         if self.h is None or self.seen != len(context) or not levels:
             return self.empty_draft()  # first round: no hidden state yet
-        logits = self.guesses()
+        greedy = getattr(getattr(warp, "sampling", None), "greedy", False)
+        logits = self.guesses(self.greedy_head if greedy else None)
         probs = warp(logits)  # [K, V]: each head's distribution
         tokens, parents, q = [], [], []
         frontier = [-1]

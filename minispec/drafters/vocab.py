@@ -17,9 +17,19 @@ are copied rounded to bfloat16: half the bytes, which each draft step reads from
 target's call in between has streamed its own weights through the caches). For SmolLM2's 8,192
 rows: 18.9 MB -> 9.4 MB; with EAGLE's fc kept as stored, drafting fell from 5-6 to ~4 ms a round
 on the chat prompts (weights/README.md, "A head's own bytes").
+
+A greedy vocabulary is a cut for temperature 0 alone: a greedy draft is the argmax of its logits
+and q is one-hot there, so a cut that holds the target's argmax changes no draft the target
+would keep, only the cost. The target's argmax falls in few ids (the shipped toy target's: 334
+of 4,096 over its training text, weights/greedy_vocab.py), listed per target in
+weights/greedy_vocab.json; `make_drafter("model", ...)` drafts over them at T = 0. Where the
+target's argmax lies outside, that draft is rejected, and the output is the target's all the same.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +37,10 @@ from ..backend import BF16, kernel_available, to_host
 from ..core.drafter import sampled_vocab_size
 from ..errors import MinispecError
 from ..safetensors import SafetensorsFile, f32_to_bf16
+from ..shipped import SHIPPED
+from .files import target_signature
+
+GREEDY_VOCABS = SHIPPED / "greedy_vocab.json"  # the shipped greedy vocabularies, one per target
 
 
 class DraftVocab:
@@ -92,3 +106,33 @@ def load_draft_vocab(path) -> np.ndarray:
         raise MinispecError(f"{path}: no 'draft_vocab' tensor (a head trained with "
                             "train_heads.py --draft-vocab N has one)")
     return st.get_ints("draft_vocab")
+
+
+def read_greedy_vocab(target, path=GREEDY_VOCABS) -> np.ndarray | None:
+    """The greedy vocabulary of `target` listed in `path` (a JSON file as weights/greedy_vocab.py
+    writes: {"vocabularies": [{"target": {...}, "ids": [...]}, ...]}, matched by the target's
+    shape as the shipped heads are), ascending int64 ids; None where the file lists none for it
+    (or, for the default file, does not exist). MinispecError names the file and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        if path == GREEDY_VOCABS:
+            return None
+        raise MinispecError(f"{path}: no such file (expected a greedy vocabulary JSON file)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        entries = doc["vocabularies"]
+        if not isinstance(entries, list):
+            raise TypeError
+        want = target_signature(getattr(target, "config", target))
+        mine = [e for e in entries if isinstance(e, dict) and e.get("target") == want]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise MinispecError(f"{path}: expected JSON of the form {{\"vocabularies\": [{{\"target\": "
+                            "{...}, \"ids\": [...]}, ...]}") from None
+    if not mine:
+        return None
+    ids = mine[0].get("ids")
+    if (not isinstance(ids, list) or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise MinispecError(f"{path}: the entry for {want}: \"ids\" must be a non-empty list of "
+                            "integer token ids")
+    return np.array(ids, dtype=np.int64)  # DraftVocab checks the range and the order

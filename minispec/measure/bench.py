@@ -325,7 +325,8 @@ def run(args: argparse.Namespace) -> dict:
                      "gamma": gamma, "repeats": args.repeats, "warmup": 1,
                      "device": target.device, "dtype": str(target.dtype),
                      "blas_threads": None, "torch_threads": None, "hf": use_hf,
-                     "weight_products": _products(target)},
+                     "weight_products": _products(target),
+                     "greedy_vocab": _greedy_vocab_size(target, draft)},
         "models": {name: {"family": m.config.family, "layers": m.n_layers,
                           "hidden": m.config.hidden_size, "vocab": m.vocab_size,
                           "weight_bytes": decode_weight_bytes(m)}
@@ -652,6 +653,14 @@ def _measure_costs(target, draft, context, repeats, copy_big, threads, cores, qu
     return costs
 
 
+def _greedy_vocab_size(target, draft) -> int | None:
+    """How many ids make_drafter("model") drafts from at T = 0 (its greedy vocabulary), or None."""
+    from ..drafters import make_drafter
+
+    head = make_drafter("model", target, draft_model=draft).greedy_head
+    return None if head is None else head.size
+
+
 def _methods(args, target, draft, gamma, eos, hf):
     """{name: generate(ids) -> result} for every method the run compares."""
     from ..core.speculative import Request, generate
@@ -801,6 +810,9 @@ def format_report(report: dict) -> str:
         f"products   {s['weight_products']}",
         f"target     {model_line('target')}",
         f"draft      {model_line('draft')}",
+        *([f"           at T = 0 its LM head over the target's greedy vocabulary alone: "
+           f"{s['greedy_vocab']} ids (weights/greedy_vocab.json)"]
+          if s.get("greedy_vocab") and s["temperature"] == 0 else []),
         (f"prompts    {s['prompts']}: {s['num_prompts']} prompts of "
          f"{s['prompt_tokens'][0]}-{s['prompt_tokens'][1]} tokens"),
         (f"decoding   max_new_tokens {s['max_new_tokens']}, temperature {s['temperature']}, "
