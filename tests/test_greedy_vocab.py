@@ -190,3 +190,24 @@ def test_a_greedy_vocab_that_is_neither_shipped_nor_ids_is_named(pair):
     for name, kw in (("model", {"draft_model": draft}), ("medusa", {}), ("eagle", {})):
         with pytest.raises(MinispecError, match="greedy_vocab"):
             make_drafter(name, target, greedy_vocab="all", **kw)
+
+
+def test_without_the_speed_path_the_loop_drafts_from_it_too(prompts, monkeypatch):
+    """Models from minispec.load alone (no CPU step, as on a GPU without graphs): the model
+    drafter's loop computes only the greedy vocabulary's logits at T = 0, the output
+    autoregressive."""
+    from minispec.drafters import draft_model
+
+    target, draft = load("shipped:target", device="cpu"), load("shipped:draft", device="cpu")
+    assert getattr(draft, "fast_steps", None) is None
+    ids = read_greedy_vocab(target)
+    outside, heads, seen = np.setdiff1d(np.arange(target.vocab_size), ids), draft_model.heads, []
+    monkeypatch.setattr(draft_model, "heads", lambda *a: seen.append(heads(*a)) or seen[-1])
+    ours = make_drafter("model", target, draft_model=draft)
+    for p in prompts[:2]:
+        request = Request(24, None, seed=0)
+        ar = generate(target, NoDrafter(target), p, Sampling(0.0), request, gamma=0)
+        spec = generate(target, ours, p, Sampling(0.0), request, gamma=4)
+        assert spec.tokens == ar.tokens
+        assert np.isin([t for r in spec.stats.rounds for t in r.drafted], ids).all()
+    assert seen and all(np.isneginf(logits[:, outside]).all() for logits in seen)
