@@ -31,6 +31,22 @@ def prompts(pair):
     return encode_prompts(load_prompts(SHIPPED / "prompts.json", 6), pair[0].tokenizer)
 
 
+def greedy_is_the_targets(target, drafter, prompt, request, ids):
+    """Greedy: the output autoregressive decoding's, every draft inside `ids`."""
+    ar = generate(target, NoDrafter(target), prompt, Sampling(0.0), request, gamma=0)
+    spec = generate(target, drafter, prompt, Sampling(0.0), request, gamma=4)
+    assert spec.tokens == ar.tokens
+    drafted = [t for r in spec.stats.rounds for t in r.drafted]
+    assert drafted and np.isin(drafted, ids).all()
+
+
+def sampled_is_unchanged(target, ours, whole, prompt, request):
+    """At T = 1 the same seeded rounds with the greedy vocabulary as without it."""
+    a = generate(target, ours, prompt, Sampling(1.0), request, gamma=4)
+    b = generate(target, whole, prompt, Sampling(1.0), request, gamma=4)
+    assert a.tokens == b.tokens and a.stats.rounds == b.stats.rounds
+
+
 def test_the_shipped_greedy_vocabulary_holds_the_targets_greedy_tokens(pair, prompts):
     """Ascending ids of the vocabulary with the EOS ids among them, a tenth of it or less, and
     every greedy token of the target on held-out prompts (weights/greedy_vocab.py counted them on
@@ -70,16 +86,10 @@ def test_greedy_drafts_come_from_it_and_the_output_is_the_targets(pair, prompts,
     monkeypatch.setattr(draft.fast_steps, "draft_chain", spy)
     for p in prompts[:3]:
         request = Request(40, None, seed=1)
-        ar = generate(target, NoDrafter(target), p, Sampling(0.0), request, gamma=0)
-        spec = generate(target, ours, p, Sampling(0.0), request, gamma=4)
-        assert spec.tokens == ar.tokens
-        drafted = [t for r in spec.stats.rounds for t in r.drafted]
-        assert drafted and np.isin(drafted, ids).all()
+        greedy_is_the_targets(target, ours, p, request, ids)
         assert heads and all(h is ours.greedy_head for h in heads)
         heads.clear()
-        a = generate(target, ours, p, Sampling(1.0), request, gamma=4)
-        b = generate(target, whole, p, Sampling(1.0), request, gamma=4)
-        assert a.tokens == b.tokens and a.stats.rounds == b.stats.rounds
+        sampled_is_unchanged(target, ours, whole, p, request)
         assert heads and all(h is None for h in heads)
         heads.clear()
 
@@ -163,14 +173,8 @@ def test_the_heads_draft_greedily_from_it_and_give_the_targets_output(pair, prom
     assert np.array_equal(ours.greedy_head.ids, ids) and whole.greedy_head is None
     for p in prompts[:2]:
         request = Request(32, None, seed=2)
-        ar = generate(target, NoDrafter(target), p, Sampling(0.0), request, gamma=0)
-        spec = generate(target, ours, p, Sampling(0.0), request, gamma=4)
-        assert spec.tokens == ar.tokens
-        drafted = [t for r in spec.stats.rounds for t in r.drafted]
-        assert drafted and np.isin(drafted, ids).all()
-        a = generate(target, ours, p, Sampling(1.0), request, gamma=4)
-        b = generate(target, whole, p, Sampling(1.0), request, gamma=4)
-        assert a.tokens == b.tokens and a.stats.rounds == b.stats.rounds
+        greedy_is_the_targets(target, ours, p, request, ids)
+        sampled_is_unchanged(target, ours, whole, p, request)
 
 
 def test_an_eagle_chain_that_reads_its_own_probabilities_keeps_its_draft_vocabulary(pair):
