@@ -138,6 +138,9 @@ def test_without_it_or_with_a_draft_vocabulary_there_is_none(pair):
     ('{"vocabularies": [{"target": SIG, "ids": []}]}', "non-empty list"),
     ('{"vocabularies": [{"target": SIG, "ids": [1, "2"]}]}', "integer token ids"),
     ('{"vocabularies": [{"target": SIG, "ids": [1, true]}]}', "integer token ids"),
+    ('{"vocabularies": [{"target": SIG, "ids": [1, 1e400]}]}', "integer token ids"),
+    ('{"vocabularies": [{"target": SIG, "ids": [-1, 99999999999999999999999]}]}',
+     "integer token ids"),
 ])
 def test_a_bad_greedy_vocabulary_file_is_named(pair, tmp_path, text, what):
     target, _ = pair

@@ -22,8 +22,10 @@ A greedy vocabulary is a cut for temperature 0 alone: a greedy draft is the argm
 and q is one-hot there, so a cut that holds the target's argmax changes no draft the target
 would keep, only the cost. The target's argmax falls in few ids (the shipped toy target's: 334
 of 4,096 over its training text, weights/greedy_vocab.py), listed per target in
-weights/greedy_vocab.json; `make_drafter("model", ...)` drafts over them at T = 0. Where the
-target's argmax lies outside, that draft is rejected, and the output is the target's all the same.
+weights/greedy_vocab.json; `make_drafter` drafts over them at T = 0 with a draft model, Medusa's
+heads and EAGLE's (where no stop rule or dynamic tree reads the head's probabilities, which a
+cut would renormalise). Where the target's argmax lies outside, that draft is rejected, and the
+output is the target's all the same.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def read_greedy_vocab(target, path=GREEDY_VOCABS) -> np.ndarray | None:
         return None
     ids = mine[0].get("ids")
     if (not isinstance(ids, list) or not ids
-            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**31
+                       for i in ids)):
         raise MinispecError(f"{path}: the entry for {want}: \"ids\" must be a non-empty list of "
-                            "integer token ids")
+                            "integer token ids (0 <= id < 2**31)")
     return np.array(ids, dtype=np.int64)  # DraftVocab checks the range and the order
