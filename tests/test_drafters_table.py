@@ -43,8 +43,9 @@ def test_rows_are_chosen_by_drafter_and_those_needing_a_draft_model_left_out_wit
     rows, notes = select_rows("ngram,early-exit", draft_model=False)
     assert [label for label, _ in rows] == ["ngram", "early-exit"] and notes == []
     rows, notes = select_rows(None, draft_model=False)
-    assert [label for label, _ in rows] == [label for label, _ in DRAFTER_ROWS[4:]]
+    assert [label for label, _ in rows] == [label for label, _ in DRAFTER_ROWS[5:]]
     assert notes == ["model (chain): left out (--draft none: no draft model)",
+                     "model (whole head): left out (--draft none: no draft model)",
                      "model stop 0.2: left out (--draft none: no draft model)",
                      "model-tree 2,2,1,1: left out (--draft none: no draft model)",
                      "model-tree 3,2,1,1: left out (--draft none: no draft model)"]

@@ -54,6 +54,9 @@ from . import harness
 # (label, make(target, draft model) -> drafter): one line per drafter
 DRAFTER_ROWS = [
     ("model (chain)", lambda t, d: make_drafter("model", t, draft_model=d)),
+    # the same chain without the target's greedy vocabulary (drafters/vocab.py): what it buys
+    ("model (whole head)", lambda t, d: make_drafter("model", t, draft_model=d,
+                                                     greedy_vocab=None)),
     (f"model stop {MODEL_STOP:g}", lambda t, d: make_drafter(
         "model", t, draft_model=d, stop=MODEL_STOP, draft_vocab=head_draft_vocab(t))),
     ("model-tree 2,2,1,1", lambda t, d: make_drafter("model-tree", t, draft_model=d)),
