@@ -345,10 +345,9 @@ class CpuSteps:
         self._tables(int(positions.max()) + 1)
         slots = np.arange(cache.length, cache.length + t, dtype=np.int64)
         w = model.weights
-        if (w["pos_embed"] is None and w["embed"].dtype == np.float32
-                and self._layer_lists() is not None):
+        if w["pos_embed"] is None and w["embed"].dtype == np.float32:
             h = self._layers(w["embed"][np.asarray(ids, dtype=np.int64)], positions, cache, slots,
-                             bits)  # static_hidden's embedding, then every layer in one call
+                             bits)  # static_hidden's embedding, then _layers' call(s)
         else:
             h = static_hidden(model, self.kernels, np.asarray(ids, dtype=np.int64), positions,
                               cache, slots, bits)

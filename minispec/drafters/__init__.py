@@ -117,10 +117,11 @@ def make_drafter(name: str, target, *, draft_model=None, exit_layer: int | None 
                 "drafter 'model' needs a draft model (--draft DIR), or choose "
                 "the ngram or early-exit drafter, which need none")
         if stop is None:
-            shipped = isinstance(greedy_vocab, str)  # the default: not with a draft_vocab
-            ids = None if shipped and draft_vocab is not None else _greedy_ids(greedy_vocab, target)
-            if shipped and ids is not None:  # the shipped ids, of those a smaller draft has
-                ids = ids[ids < sampled_vocab_size(draft_model)]
+            ids = _greedy_ids(greedy_vocab, target)
+            if isinstance(greedy_vocab, str) and ids is not None:  # the shipped default: not
+                # with a draft_vocab, and only the ids a draft of a smaller vocabulary has
+                ids = None if draft_vocab is not None else ids[
+                    ids < sampled_vocab_size(draft_model)]
             return FusedModelDrafter(target, draft_model, draft_vocab, ids)
         return TunedModelDrafter(target, draft_model, draft_vocab, stop)
     if name == "model-tree":

@@ -24,7 +24,7 @@ from ..core.drafter import Draft, ModelDrafter
 from ..core.sampling import sample
 from ..core.sampling import warp as softmax  # at temperature 1: the plain softmax
 from ..errors import MinispecError
-from .vocab import DraftVocab
+from .vocab import DraftVocab, cut_for
 
 
 class TunedModelDrafter(ModelDrafter):
@@ -80,16 +80,15 @@ class FusedModelDrafter(TunedModelDrafter):
         self.greedy_head = None if greedy_vocab is None else DraftVocab(
             model, greedy_vocab, "model greedy_vocab")
 
-    def head(self, greedy: bool):
-        """The LM head a draft step uses: the greedy vocabulary's rows at T = 0 where there is
-        one, else the draft vocabulary's (None: the whole head)."""
-        return self.greedy_head if greedy and self.greedy_head is not None else self.draft_head
+    def head(self, warp):
+        """The LM head a draft step uses under `warp`: the greedy vocabulary's rows at T = 0
+        where there is one, else the draft vocabulary's (None: the whole head)."""
+        return cut_for(warp, self.draft_head, self.greedy_head)
 
     def _loop(self, context, gamma, warp, rng) -> Draft:
         """The chain without draft_chain: the core's loop, or with a cut vocabulary
         TunedModelDrafter's (the core's loop has none)."""
-        s = getattr(warp, "sampling", None)
-        if self.head(s is not None and s.greedy) is None:
+        if self.head(warp) is None:
             return ModelDrafter.propose(self, context, gamma, warp, rng)
         return super().propose(context, gamma, warp, rng)
 
@@ -101,8 +100,7 @@ class FusedModelDrafter(TunedModelDrafter):
         g, feed = self.prepare(context, gamma)
         if g == 0:
             return self._loop(context, gamma, warp, rng)
-        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng,
-                     self.head(s.greedy))
+        done = chain(feed, self.cache, g, self.vocab_size, s.temperature, rng, self.head(warp))
         if done is None:  # nothing drawn from rng: the loop draws as it would have
             return self._loop(context, gamma, warp, rng)
         tokens, logits, q = done  # q [g, V] when sampled
@@ -135,7 +133,7 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
         if not live:  # every chain ended early
             break
         hs = batch_hidden(model, [feed[b] for b in live], [drafters[b].cache for b in live])
-        logits = heads(first, hs, getattr(warp, "sampling", None))  # [B_live, V_draft]
+        logits = heads(first, hs, warp)  # [B_live, V_draft]: each sequence's last row
         probs = warp(logits)  # [B_live, V], in one call (warp works row by row)
         # the draft's own (unwarped) distributions, for `stop` (see the class docstring)
         own = None if stop is None else softmax(logits, 1.0)  # [B_live, V]
@@ -159,12 +157,11 @@ def propose_batch(drafters, contexts, gammas, warp, rngs) -> list[Draft]:
     return out
 
 
-def heads(drafter, hs, sampling=None):
+def heads(drafter, hs, warp=None):
     """The LM head on each sequence's last hidden row -> [B, V_draft]: the draft's own, or its
-    rows of a cut vocabulary (host logits, -inf outside it): the draft vocabulary's, or at
-    temperature 0 (`sampling` greedy) a FusedModelDrafter's greedy vocabulary's."""
+    rows of a cut vocabulary (host logits, -inf outside it): the draft vocabulary's, or under a
+    greedy `warp` a FusedModelDrafter's greedy vocabulary's."""
     rows = drafter.model.xp.concatenate([h[-1:] for h in hs])  # [B, D]
-    greedy = sampling is not None and sampling.greedy
-    head = (drafter.head(greedy) if hasattr(drafter, "head")
+    head = (drafter.head(warp) if hasattr(drafter, "head")
             else getattr(drafter, "draft_head", None))
     return drafter.model.lm_head(rows) if head is None else head(rows)

@@ -64,7 +64,7 @@ from ..tree import TreeDrafter, tree_layers
 from .files import as_stored_heads, head_matrix, read_head_dir
 from .ngram import copy_from, find_ngram, one_hot
 from .tree_model import check_shape, children, sibling_mode
-from .vocab import DraftVocab, read_draft_vocab
+from .vocab import DraftVocab, cut_for, read_draft_vocab
 
 
 class EagleDrafter(TreeDrafter):
@@ -203,11 +203,9 @@ class EagleDrafter(TreeDrafter):
     def head(self, warp):
         """The LM head rows a draft step computes: the greedy vocabulary's at T = 0 (where it
         is used), else the draft vocabulary's."""
-        greedy = getattr(getattr(warp, "sampling", None), "greedy", False)
-        if (greedy and self.greedy_head is not None and self.stop is None
-                and self.dynamic is None):
-            return self.greedy_head
-        return self.draft_head
+        if self.stop is not None or self.dynamic is not None:
+            return self.draft_head
+        return cut_for(warp, self.draft_head, self.greedy_head)
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         room = self.cache.max_len - len(context) - 1

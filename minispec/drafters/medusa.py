@@ -36,7 +36,7 @@ from ..safetensors import SafetensorsFile
 from ..tree import TreeDrafter
 from .files import as_stored_heads, head_matrix, read_head_dir
 from .tree_model import check_shape, children, sibling_mode
-from .vocab import DraftVocab, read_draft_vocab
+from .vocab import DraftVocab, cut_for, read_draft_vocab
 
 
 class MedusaDrafter(TreeDrafter):
@@ -97,8 +97,7 @@ class MedusaDrafter(TreeDrafter):
         levels = self.shape[:gamma]
         if self.h is None or self.seen != len(context) or not levels:
             return self.empty_draft()  # first round: no hidden state yet
-        greedy = getattr(getattr(warp, "sampling", None), "greedy", False)
-        logits = self.guesses(self.greedy_head if greedy else None)
+        logits = self.guesses(cut_for(warp, self.draft_head, self.greedy_head))
         probs = warp(logits)  # [K, V]: each head's distribution
         tokens, parents, q = [], [], []
         frontier = [-1]

@@ -110,6 +110,13 @@ def load_draft_vocab(path) -> np.ndarray:
     return st.get_ints("draft_vocab")
 
 
+def cut_for(warp, draft_head, greedy_head):
+    """The rows a draft step computes under `warp` (speculative.make_warp's): `greedy_head` (a
+    greedy vocabulary's DraftVocab) at temperature 0 where there is one, else `draft_head`."""
+    greedy = getattr(getattr(warp, "sampling", None), "greedy", False)
+    return greedy_head if greedy and greedy_head is not None else draft_head
+
+
 def read_greedy_vocab(target, path=GREEDY_VOCABS) -> np.ndarray | None:
     """The greedy vocabulary of `target` listed in `path` (a JSON file as weights/greedy_vocab.py
     writes: {"vocabularies": [{"target": {...}, "ids": [...]}, ...]}, matched by the target's
