@@ -180,12 +180,17 @@ def matmul(x, w):
     The same product everywhere. On the CPU, 1..KERNEL_MAX_ROWS (256) float32 rows against a
     float32, BF16 or F16 weight stored one output per row (w.T C-contiguous: every weight
     loader.py makes) go through `few_rows_matmul`; everything else is `x @ w` (CuPy's is
-    cuBLAS), a 16-bit weight widened first.
+    cuBLAS), a 16-bit weight widened first. A weight kept for int8 activations (`keep_blocks`
+    with int8=True) takes the kernel's int8 product at any number of rows, even with the kernel
+    turned off (`use_kernel`): that model has no other arithmetic.
     """
     if (isinstance(x, np.ndarray) and x.ndim == 2 and 1 <= x.shape[0] <= KERNEL_MAX_ROWS
             and x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.ndim == 2
             and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
         return _run_kernel(x, w)  # the checks few_rows_matmul makes were just made
+    if (_INT8 and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32
+            and x.shape[0] >= 1 and isinstance(w, np.ndarray) and kept_for_int8(w)):
+        return _run_kernel(x, w)  # a model of int8 activations: every row count, one arithmetic
     if isinstance(w, np.ndarray) and (w.dtype == BF16 or w.dtype == F16 != x.dtype):
         w = widen(w)  # as stored -> float32 (a float16 model's own float16 weights stay)
     return x @ w
@@ -215,7 +220,8 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
     tiles = kernel_weight(w)
-    product = _loops.block_product if tiles.dtype == np.uint8 else _loops.product
+    product = (_loops.block_product if tiles.dtype == np.uint8 else
+               _loops.int8_product if tiles.dtype == np.int8 else _loops.product)
     product(np.ascontiguousarray(x), tiles, y)
     return y
 
@@ -262,12 +268,14 @@ def _keep_tiles(w: np.ndarray, made: np.ndarray) -> np.ndarray:
 # weight stays the reference, NumPy's `x @ w`, and what a call of many rows (a prefill) reads.
 
 
-def keep_blocks(w: np.ndarray, blocks: np.ndarray) -> None:
+def keep_blocks(w: np.ndarray, blocks: np.ndarray, int8: bool = False) -> None:
     """From now on the kernel reads the float32 weight w [D_in, D_out] (stored [D_out, D_in])
     from its GGUF blocks, uint8 [D_out, D_in / 32, 20] (Q4_1) or [..., 34] (Q8_0), which must
     hold exactly w's values (kernels.dequantize(blocks) == w.T: the caller checks): their
-    tiles (kernels.block_tiles) are made now, in the kernel's arena, in place of w's own."""
-    from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, block_tiles
+    tiles (kernels.block_tiles) are made now, in the kernel's arena, in place of w's own.
+    int8=True: their int8_tiles instead, and every product with w multiplies x quantized to
+    int8 (kernels.py, "int8 activations"; needs AVX-512 VNNI: int8_supported)."""
+    from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, block_tiles, int8_tiles
 
     d_in, d_out = w.shape
     if not (w.dtype == np.float32 and blocks.dtype == np.uint8 and blocks.ndim == 3
@@ -276,13 +284,39 @@ def keep_blocks(w: np.ndarray, blocks: np.ndarray) -> None:
         raise MinispecError(f"keep_blocks: expected blocks uint8 [{d_out}, {d_in // 32}, 20 or "
                             f"34] for a float32 weight [{d_in}, {d_out}], got {blocks.dtype} "
                             f"{list(blocks.shape)} for {w.dtype} {list(w.shape)}")
-    _keep_tiles(w, block_tiles(blocks))
+    if int8:
+        if not int8_supported():
+            raise MinispecError("keep_blocks: int8 activations need numba and a CPU with "
+                                "AVX-512 VNNI (avx512vnni)")
+        global _INT8
+        _INT8 = True
+        _keep_tiles(w, int8_tiles(blocks))
+    else:
+        _keep_tiles(w, block_tiles(blocks))
+
+
+_INT8 = False  # whether any weight was kept for int8 activations (matmul's check skips if not)
+
+
+def int8_supported() -> bool:
+    """Whether this machine runs the int8 product: numba, and AVX-512 VNNI (vpdpbusd)."""
+    if not _compiled():
+        return False
+    from .kernels import _cpu_features
+
+    return "+avx512vnni" in _cpu_features()
 
 
 def kept_as_blocks(w) -> bool:
     """Whether the kernel reads w from its GGUF blocks (keep_blocks)."""
     hit = _TILES.get(id(w))
-    return hit is not None and hit[0]() is w and hit[1].dtype == np.uint8
+    return hit is not None and hit[0]() is w and hit[1].dtype in (np.uint8, np.int8)
+
+
+def kept_for_int8(w) -> bool:
+    """Whether every product with w multiplies int8 activations (keep_blocks, int8=True)."""
+    hit = _TILES.get(id(w))
+    return hit is not None and hit[0]() is w and hit[1].dtype == np.int8
 
 
 def stored_bytes(w) -> int:

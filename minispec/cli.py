@@ -22,7 +22,7 @@ from .core.speculative import Request
 from .drafters import DRAFTERS
 from .drafters.tree_model import check_shape
 from .errors import MinispecError
-from .options import add_device, add_dtype, add_gamma, add_threads, parse_gamma
+from .options import add_activations, add_device, add_dtype, add_gamma, add_threads, parse_gamma
 from .shipped import SHIPPED, models_hint, resolve  # weights/ in a checkout, or a wheel's copy
 from .tokenizer import SPACE, show_token
 
@@ -71,12 +71,13 @@ def shipped_pair() -> tuple[Path, Path]:
     return SHIPPED / "target", SHIPPED / "draft"
 
 
-def load_flag(flag: str, path: str, device: str, dtype: str | None = None):
+def load_flag(flag: str, path: str, device: str, dtype: str | None = None,
+              activations: str = "float32"):
     """load() of the directory a flag names, its errors prefixed with the flag."""
     from .loader import load
 
     try:
-        return load(resolve(str(path)), device=device, dtype=dtype)
+        return load(resolve(str(path)), device=device, dtype=dtype, activations=activations)
     except MinispecError as e:
         raise MinispecError(f"{flag}: {e}{models_hint(str(e))}") from None
 
@@ -140,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="seeds the sampling (and the drafts)")
     add_device(ap)
     add_dtype(ap)
+    add_activations(ap)
     add_threads(ap)
     ap.add_argument("--compare", action="store_true",
                     help="also decode autoregressively and print the speedup")
@@ -195,7 +197,8 @@ class Session:
                                 f"--drafter {args.drafter}")
         if args.html and not Path(args.html).resolve().parent.is_dir():
             raise MinispecError(f"--html {args.html}: its folder does not exist")
-        self.target = load_flag("--target", args.target, args.device, args.dtype)
+        self.target = load_flag("--target", args.target, args.device, args.dtype,
+                                args.activations)
         if self.target.tokenizer is None:
             raise MinispecError(f"--target {args.target}: no tokenizer.json, so the CLI cannot "
                                 "encode text")

@@ -23,7 +23,8 @@ tests/test_cpu_steps.py bounds. `enable(model)` hangs the path on a model (the c
 the benchmarks do it through `enable_where_supported`, as they turn on CUDA graphs on a GPU; a
 model from minispec.load takes the plain path until then); calls of up to MAX_TOKENS tokens on
 a cache, chains and trees, and batches of several sequences of up to MAX_TOKENS tokens each
-(batch_forward.py's call) take it; prefill and everything else take the plain path.
+(batch_forward.py's call) take it; prefill and everything else take the plain path, but on a
+model of int8 activations, where every call on a cache takes it (CpuSteps.max_tokens).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels
-from .backend import kernel_available, kernel_in_use, kernel_weight, matmul
+from .backend import kept_for_int8, kernel_available, kernel_in_use, kernel_weight, matmul
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
@@ -202,6 +203,12 @@ class CpuSteps:
         self.model = model
         self.kernels = NumbaKernels()
         self._lists = False  # _layer_lists: False until made, None where it cannot
+        # a model of int8 activations (backend.keep_blocks) takes this path for calls of every
+        # length: its products quantize each row, so a prefill on the plain path, whose norms
+        # and attention differ in the last bits, could round an activation the other way and
+        # move a logit by far more; here every row gets one arithmetic, whatever the call
+        self.max_tokens = (2**31 if any(kept_for_int8(p["wqkv"]) for p in model.weights["layers"])
+                           else MAX_TOKENS)
 
     def new_cache(self, max_len=None):
         return Model.new_cache(self.model, max_len)  # a plain cache: nothing is captured
@@ -213,7 +220,8 @@ class CpuSteps:
 
     def run_layers(self, h, cache, pos: int, first: int = 0, end: int | None = None):
         m, t = self.model, h.shape[0]
-        if cache is None or first != 0 or end not in (None, m.n_layers) or not 1 <= t <= MAX_TOKENS:
+        if (cache is None or first != 0 or end not in (None, m.n_layers)
+                or not 1 <= t <= self.max_tokens):
             return None  # partial stacks (early exit), no cache, prefills: the plain path
         m._check_span(pos, t, cache)
         self._tables(pos + t)
@@ -235,7 +243,7 @@ class CpuSteps:
             np.float32(1.0 / math.sqrt(c.head_dim)), c.sliding_window or 0)
 
     def lm_head(self, h):
-        if not 1 <= h.shape[0] <= MAX_TOKENS:
+        if not 1 <= h.shape[0] <= self.max_tokens:
             return None
         return static_head(self.model, self.kernels, h)
 
@@ -249,7 +257,7 @@ class CpuSteps:
         feeds more than MAX_TOKENS tokens. The caller has checked that every span fits its
         cache."""
         m = self.model
-        if not sizes or max(sizes) > MAX_TOKENS or min(sizes) < 1:
+        if not sizes or max(sizes) > self.max_tokens or min(sizes) < 1:
             return None
         self._tables(max(p + t for p, t in zip(starts, sizes)))
         positions = np.concatenate([np.arange(p, p + t, dtype=np.int64)

@@ -35,6 +35,8 @@ _mlp_out = _attend_each = None  # a block's end; a batch's RoPE and attention
 _pick = _silu = _fma1 = None  # draft_chain's argmax or draw; SiLU; a fused a * b + c
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
+_izero = _istart = _nibble_dots = _byte_dots = _dots = _fold = _quantize = _ahead8 = None  # int8
+# activations (see _int8_intrinsics)
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
 _AHEAD = 0  # bytes of a tile a pass of several rows asks the memory for ahead (see _ahead)
 
@@ -49,14 +51,16 @@ def compiled() -> SimpleNamespace | None:
     typed_list (numba's typed List: batch_front's caches). numba is imported on
     the first call, not with minispec; the machine code comes from numba's cache (cache=True)
     after the first run on a machine. block_product(x, tiles, y) is product for a weight kept as
-    its GGUF blocks (block_tiles); silu(gate, up), SiLU(gate) * up in place; layers and
-    batch_layers, every layer of a Llama-shaped model for one sequence or a batch; draft_chain,
-    a draft model's chain of drafts."""
+    its GGUF blocks (block_tiles); int8_product(x, tiles, y) the product of x quantized to int8
+    (quantize) with Q4_1 blocks (int8_tiles), llama.cpp's arithmetic; silu(gate, up), SiLU(gate)
+    * up in place; layers and batch_layers, every layer of a Llama-shaped model for one
+    sequence or a batch; draft_chain, a draft model's chain of drafts."""
     global _KERNELS, _zero, _load, _fma, _store, _dot, _tile, _product, _norm, _rope, _attend
     global _heads, _mlp_in, _zero16, _load16, _fma16, _store16, _tile16, _rows, _NARROW_FROM
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
     global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1, _mlp_out
-    global _attend_each
+    global _attend_each, _izero, _istart, _nibble_dots, _byte_dots, _dots, _fold, _quantize
+    global _ahead8
     if _KERNELS is None:
         try:
             import numba
@@ -81,13 +85,20 @@ def compiled() -> SimpleNamespace | None:
         _block_tile, _block_unpack = jit(_block_tile_kernel), jit(_block_unpack_kernel)
         _block_sums = jit(_block_sums_kernel)
         block_product = jit(_block_product_kernel)
-        _either_product(numba, block_product)
+        _izero, _istart, _nibble_dots, _byte_dots, _fold, _ahead8 = _int8_intrinsics(
+            numba, lanes)
+        _quantize = numba.njit(cache=True, fastmath=False)(_quantize_kernel)
+        _dots = numba.njit(cache=True, fastmath=False, inline="always")(_dots_kernel)
+        int8_product = numba.njit(cache=True, fastmath=False)(_int8_product_kernel)  # _fold's
+        # additions and products stay unfused: int8_reference computes them in NumPy
+        _either_product(numba, block_product, int8_product)
         _mlp_out = jit(_mlp_out_kernel)  # after _silu and _any_product
         _KERNELS = SimpleNamespace(product=_product, product_rows=_rows, rms_norm=_norm,
                                    narrow_from=_NARROW_FROM, ahead=_AHEAD, rope_store=_rope,
                                    attention=_attend, block_front=jit(_block_front),
                                    batch_front=jit(_batch_front), typed_list=numba.typed.List,
-                                   block_product=block_product,
+                                   block_product=block_product, int8_product=int8_product,
+                                   quantize=_quantize,
                                    draft_chain=numba.njit(cache=True)(_draft_chain),
                                    silu=_silu, layers=jit(_layers),
                                    batch_layers=jit(_batch_layers))
@@ -575,13 +586,15 @@ def _weight_kernel(tiles, k, b, j, d, m, q4):  # pragma: no cover - runs compile
 
 
 def _any_product(x, tiles, y):  # pragma: no cover - what _either_product compiles
-    """product or block_product, by the tiles' type: one block's loops take either weight."""
+    """product, block_product or int8_product, by the tiles' type: one block's loops take any
+    weight."""
     raise NotImplementedError("_any_product runs compiled (kernels.compiled)")
 
 
-def _either_product(numba, block_product) -> None:
+def _either_product(numba, block_product, int8_product) -> None:
     """Compile `_any_product` inside the loops as `_product` for a float32 or 16-bit weight's
-    tiles and as `block_product` for GGUF blocks' (uint8): a choice numba makes by type, once."""
+    tiles, as `block_product` for GGUF blocks' (uint8) and as `int8_product` for the int8
+    path's (int8_tiles, int8): a choice numba makes by type, once."""
     from numba.core import types
     from numba.extending import overload
 
@@ -589,6 +602,8 @@ def _either_product(numba, block_product) -> None:
     def either(x, tiles, y):
         if tiles.dtype == types.uint8:
             return lambda x, tiles, y: block_product(x, tiles, y)
+        if tiles.dtype == types.int8:
+            return lambda x, tiles, y: int8_product(x, tiles, y)
         return lambda x, tiles, y: _product(x, tiles, y)
 
 
@@ -677,6 +692,343 @@ def _block_intrinsics(numba, lanes):
         return lanes(a, b), lambda context, builder, sig, args: builder.fmul(*args)
 
     return halves, nibbles, signed_bytes, fmav, mulv
+
+
+# ---- int8 activations against GGUF blocks (llama.cpp's arithmetic) -------------------------
+#
+# Rebuilding every weight in float32 makes the block product bound by arithmetic, not by the
+# memory (above). llama.cpp multiplies blocks another way: each row of x is quantized per block
+# of 32 inputs to int8 (a scale dx = max |x| / 127, qx = round(x / dx), sx = dx * sum(qx)), and
+# a Q4_1 block adds d[o] * dx * (sum over its 32 inputs of q[o, j] * qx[j]) + m[o] * sx to
+# output o, a Q8_0 block d[o] * dx * (sum of q[o, j] * qx[j]): integer dot products, which
+# AVX-512 VNNI's vpdpbusd takes 64 at a time (16 outputs x 4 inputs, unsigned times signed
+# bytes; Q8_0's signed weights meet qx + 128, and the tiles hold -128 * sum(q) to start each
+# block's sums from). That is another model, a little: every product moves by the rounding of
+# its activations (about 1% of a product's spread), so the logits are not the float32 model's
+# bits; opt-in (`minispec.load(..., activations="int8")`). Integer sums are exact in any order
+# and each output's float sums run over the blocks in one order whatever T is, so a row's
+# result still does not depend on the rows beside it: a verify call gives one-token steps'
+# bits, and speculation is lossless against this model. `int8_reference` is the same
+# arithmetic in NumPy.
+
+Q8_0_INT8_TILE = 2432  # bytes of a Q8_0 block tile in int8_tiles (a Q4_1 one: Q4_1_TILE)
+INT8_AHEAD = 2  # blocks of a tile asked for from memory ahead of the one being multiplied
+# (SmolLM2's layers, one row: none 5.4 ms, 1 block 3.7, 2 blocks 3.0-4.5, 4 blocks 4.6)
+INT8_ROWS = 6  # rows a pass of the int8 product takes (4 vector registers of int32 sums each)
+_ROUND = np.float32(12582912.0)  # 1.5 * 2**23: (v + it) - it rounds v to an integer, half to even
+
+
+def int8_tiles(blocks: np.ndarray) -> np.ndarray:
+    """The layout int8_product reads for GGUF blocks [D_out, D_in / 32, 20 (Q4_1) or 34 (Q8_0)]:
+    [ceil(D_out / 64), D_in / 32, 1280 or 2432] bytes, typed int8 (numba picks the product by
+    the tiles' type). Per tile of 64 outputs and block of 32 inputs, the 64 scales d (float16
+    bits, as in block_tiles), then for each group g of 4 inputs 16 outputs' 4 weights side by
+    side, as vpdpbusd multiplies them (byte 4o + i: output o, input 4g + i). Q4_1: the 64
+    minimums m (float16 bits), then per group two runs of 64 bytes, run p holding outputs
+    32p..32p + 15 in the low four bits and 32p + 16..32p + 31 in the high four. Q8_0: the 64
+    outputs' -128 * sum(q) (int32), then per group four runs of 64 signed bytes, run h
+    holding outputs 16h..16h + 15."""
+    d_out, nb, size = blocks.shape
+    if size not in (Q4_1_BLOCK, Q8_0_BLOCK):
+        raise ValueError(f"int8_tiles: blocks of {size} bytes (expected {Q4_1_BLOCK} or "
+                         f"{Q8_0_BLOCK})")
+    nt = -(-d_out // LANES)
+    rows = np.zeros((nt * LANES, nb, size), np.uint8)
+    rows[:d_out] = blocks
+    rows = rows.reshape(nt, LANES, nb, size).transpose(0, 2, 1, 3)  # [nt, nb, 64, size]
+    d = np.ascontiguousarray(rows[..., 0:2]).reshape(nt, nb, 2 * LANES)
+    if size == Q8_0_BLOCK:
+        q = np.ascontiguousarray(rows[..., 2:]).view(np.int8)  # [nt, nb, 64 outputs, 32 in]
+        start = np.ascontiguousarray(-128 * q.sum(axis=3, dtype=np.int32))
+        runs = q.reshape(nt, nb, 64, 8, 4).transpose(0, 1, 3, 2, 4)  # [.., g, output, i]
+        return np.concatenate([d, start.view(np.uint8), np.ascontiguousarray(runs).view(
+            np.uint8).reshape(nt, nb, -1)], axis=2).view(np.int8)
+    m = np.ascontiguousarray(rows[..., 2:4]).reshape(nt, nb, 2 * LANES)
+    qs = rows[..., 4:]
+    q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [nt, nb, 64 outputs, 32 inputs]
+    q = q.reshape(nt, nb, 2, 2, 16, 8, 4)  # output 32p + 16h + o, input 4g + i
+    runs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 1, 4, 2, 3, 5)  # [.., g, p, o, i]
+    return np.concatenate([d, m, runs.reshape(nt, nb, -1)], axis=2).view(np.int8)
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x [T, D] float32 -> qx int8 [T, D], dx and sx float32 [T, D / 32]: per block of 32
+    inputs dx = max |x| / 127, qx = x * (1 / dx) rounded half to even (0 where dx is 0), sx =
+    dx * sum(qx); a block holding a NaN or an infinity gets qx 0 and dx = sx = NaN, which its
+    products then carry. What `_quantize_kernel` computes, operation for operation."""
+    t, n = x.shape
+    b = x.reshape(t, n // 32, 32)
+    with np.errstate(all="ignore"):
+        a = np.abs(b)
+        bad = ~(a < np.inf).all(axis=2)
+        dx = a.max(axis=2) / np.float32(127)
+        inv = np.where(dx != 0, np.float32(1) / np.where(dx != 0, dx, 1), np.float32(0))
+        qx = np.rint(b * inv[..., None].astype(np.float32))
+        qx[bad] = 0
+        dx[bad] = np.nan
+        sx = dx * qx.sum(axis=2, dtype=np.int32).astype(np.float32)
+    return qx.astype(np.int8).reshape(t, n), dx, sx
+
+
+def int8_reference(x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """What int8_product computes for x [T, D_in] float32 and GGUF blocks [D_out, D_in / 32, 20
+    or 34], in NumPy: [T, D_out]. Each block's integer dot products are exact; the float sums
+    run over the blocks in order, each step rounded as the kernel rounds it (nothing fused)."""
+    qx, dx, sx = quantize_rows(x)
+    t, nb = dx.shape
+    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(np.float32)
+    q4 = blocks.shape[2] == Q4_1_BLOCK
+    if q4:
+        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+        qs = blocks[..., 4:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int32)  # [D_out, nb, 32]
+    else:
+        q = blocks[..., 2:].view(np.int8).astype(np.int32)
+    dots = np.einsum("tbj,obj->tob", qx.reshape(t, nb, 32).astype(np.int32), q)
+    y = np.zeros((t, blocks.shape[0]), np.float32)
+    with np.errstate(all="ignore"):
+        for b in range(nb):
+            y = y + (d[:, b] * dx[:, b, None]) * dots[..., b].astype(np.float32)
+            if q4:  # (the kernel adds 0 * sx for Q8_0: +-0, leaving y, never -0, as it
+                # is, or NaN where dx is NaN too)
+                y = y + m[:, b] * sx[:, b, None]
+    return y
+
+
+def _quantize_kernel(x, qx, dx, sx):  # pragma: no cover - runs compiled, without fastmath
+    # quantize_rows(x) -> qx [T, D] int8, dx and sx [T, D / 32], the same operations. max |x|
+    # is taken on the bits (|x|'s bits order as |x| does, and a NaN's or an infinity's are the
+    # largest), an integer maximum LLVM vectorizes, as it does the rounding loop
+    t, n = x.shape
+    bits = np.ascontiguousarray(x).view(np.int32)
+    word = np.empty(1, np.int32)
+    amax = word.view(np.float32)  # the largest |x|, from its bits
+    for r in range(t):
+        for b in range(n // 32):
+            top = np.int32(0)
+            for j in range(32 * b, 32 * b + 32):
+                top = max(top, bits[r, j] & np.int32(0x7FFFFFFF))
+            if top >= np.int32(0x7F800000):  # NaN or an infinity: no scale holds the block
+                for j in range(32 * b, 32 * b + 32):
+                    qx[r, j] = 0
+                dx[r, b] = sx[r, b] = np.float32(np.nan)
+                continue
+            word[0] = top
+            d = np.float32(amax[0] / np.float32(127))
+            inv = np.float32(np.float32(1) / d) if d != 0 else np.float32(0)
+            total = np.int32(0)
+            for j in range(32 * b, 32 * b + 32):
+                k = np.int32(np.float32(np.float32(x[r, j] * inv) + _ROUND) - _ROUND)
+                qx[r, j] = k
+                total += k
+            dx[r, b] = d
+            sx[r, b] = np.float32(d * np.float32(total))
+
+
+def _int8_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled, without fastmath
+    # y [T, D_out] = x [T, D_in] quantized (_quantize) times the weight whose int8_tiles these
+    # are: per tile and block, each row's 64 integer dot products (8 groups of 4 inputs), then
+    # folded into the row's float sums (_fold); passes of up to 6 rows, each tile's blocks
+    # read from memory once (asked for INT8_AHEAD blocks ahead), from the caches after
+    t, n = x.shape
+    nb = n // 32
+    qx = np.empty((t, n), np.int8)
+    dx = np.empty((t, nb), np.float32)
+    sx = np.empty((t, nb), np.float32)
+    _quantize(x, qx, dx, sx)
+    xw = qx.view(np.int32)  # [T, D_in / 4]: 4 inputs' qx in each
+    q4 = tiles.shape[2] == Q4_1_TILE
+    if not q4:  # Q8_0: qx + 128, unsigned, against the signed weights
+        for r in range(t):
+            for i in range(xw.shape[1]):
+                xw[r, i] ^= np.int32(-2139062144)  # 0x80808080: each byte's top bit flipped
+    sums = np.empty((INT8_ROWS, LANES), np.float32)
+    zero = _zero()
+    for k in range(tiles.shape[0]):
+        r = 0
+        while r < t:
+            c = min(INT8_ROWS, t - r)
+            for i in range(c):
+                _store(sums, i, 0, zero)
+            for b in range(nb):
+                for at in range(0, tiles.shape[2], 64):  # the lines INT8_AHEAD blocks on
+                    _ahead8(tiles, k, b + INT8_AHEAD, at)
+                d = _halves(tiles, k, b, 0)
+                m = _halves(tiles, k, b, 2 * LANES) if q4 else zero  # Q8_0: y + 0 * sx
+                a0 = a1 = a2 = a3 = a4 = a5 = _izero() if q4 else _istart(tiles, k, b, 2 * LANES)
+                for g in range(8):
+                    w = 8 * b + g
+                    a0 = _dots(a0, tiles, k, b, g, xw[r, w], q4)
+                    if c > 1:
+                        a1 = _dots(a1, tiles, k, b, g, xw[r + 1, w], q4)
+                    if c > 2:
+                        a2 = _dots(a2, tiles, k, b, g, xw[r + 2, w], q4)
+                    if c > 3:
+                        a3 = _dots(a3, tiles, k, b, g, xw[r + 3, w], q4)
+                    if c > 4:
+                        a4 = _dots(a4, tiles, k, b, g, xw[r + 4, w], q4)
+                    if c > 5:
+                        a5 = _dots(a5, tiles, k, b, g, xw[r + 5, w], q4)
+                _fold(sums, 0, a0, d, m, dx[r, b], sx[r, b])
+                if c > 1:
+                    _fold(sums, 1, a1, d, m, dx[r + 1, b], sx[r + 1, b])
+                if c > 2:
+                    _fold(sums, 2, a2, d, m, dx[r + 2, b], sx[r + 2, b])
+                if c > 3:
+                    _fold(sums, 3, a3, d, m, dx[r + 3, b], sx[r + 3, b])
+                if c > 4:
+                    _fold(sums, 4, a4, d, m, dx[r + 4, b], sx[r + 4, b])
+                if c > 5:
+                    _fold(sums, 5, a5, d, m, dx[r + 5, b], sx[r + 5, b])
+            for i in range(c):
+                _store(y, r + i, k * LANES, _load(sums, i))
+            r += c
+
+
+def _dots_kernel(acc, tiles, k, b, g, x4, q4):  # pragma: no cover - runs compiled (inlined)
+    # acc plus the 64 outputs' integer dot products of group g (4 inputs) of block b of tile k
+    # with x4's 4 bytes: Q4_1's nibbles or Q8_0's signed bytes
+    if q4:
+        return _nibble_dots(acc, tiles, k, b, 4 * LANES + 128 * g, x4)
+    return _byte_dots(acc, tiles, k, b, 6 * LANES + 256 * g, x4)
+
+
+def _int8_intrinsics(numba, lanes):
+    """numba functions for the int8 product, on 64 int32 lanes (an LLVM <64 x i32>):
+    `_izero()`; `_istart(tiles, k, b, at)` the 64 int32 at byte `at` of tiles[k, b];
+    `_nibble_dots(acc, tiles, k, b, at, xw)` acc plus, for each of the 64 outputs, the dot
+    product of its 4 nibbles in the two 64-byte runs at byte `at` of tiles[k, b] (int8_tiles,
+    Q4_1) with the 4 signed bytes of the int32 xw (vpdpbusd: unsigned times signed bytes, 4
+    products summed into each int32 lane); `_byte_dots(acc, tiles, k, b, at, xw)` the same for
+    Q8_0's four runs of signed bytes, xw's 4 bytes unsigned; `_fold(sums, i, acc, d, m, dx,
+    sx)` sums[i] = sums[i] + (d * dx) * acc + m * sx on 64 float32 lanes (`lanes`), every
+    product and sum rounded on its own; `_ahead(tiles, k, b, at)` asks the memory for the line
+    at byte `at` of tiles[k, b] (a hint; b may be past the tile's last block)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic, models, register_model
+
+    f32, i32, i8 = ir.FloatType(), ir.IntType(32), ir.IntType(8)
+    vec, ivec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES)
+    v16, b64 = ir.VectorType(i32, 16), ir.VectorType(i8, 64)
+
+    class IntLanes(types.Type):
+        def __init__(self):
+            super().__init__(name=f"int32x{LANES}")
+
+    ilanes = IntLanes()
+
+    @register_model(IntLanes)
+    class IntLanesModel(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type):
+            super().__init__(dmm, fe_type, ivec)
+
+    def splat(builder, v, ty, n):
+        one = builder.insert_element(ir.Constant(ty, ir.Undefined), v, i32(0))
+        return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined),
+                                      ir.Constant(ir.VectorType(i32, n), [0] * n))
+
+    def pointer(context, builder, sig, args, at, to, wraparound=True):  # &tiles[k, b, at]
+        arr = context.make_array(sig.args[0])(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, [*args[1:3], at],
+                                       wraparound=wraparound)
+        return builder.bitcast(ptr, to.as_pointer())
+
+    def concat(builder, parts):  # 4 x <16 x i32> -> <64 x i32>
+        half = ir.VectorType(i32, 32)
+        lo = builder.shuffle_vector(parts[0], parts[1], ir.Constant(half, list(range(32))))
+        hi = builder.shuffle_vector(parts[2], parts[3], ir.Constant(half, list(range(32))))
+        return builder.shuffle_vector(lo, hi, ir.Constant(ivec, list(range(LANES))))
+
+    def dots(builder, acc, runs, x4, unsigned_weights):  # vpdpbusd on each 16 outputs
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v16, [v16, v16, v16]),
+            "llvm.x86.avx512.vpdpbusd.512")
+        out = []
+        for g, run in enumerate(runs):
+            part = builder.shuffle_vector(acc, acc, ir.Constant(
+                v16, list(range(16 * g, 16 * g + 16))))
+            w = builder.bitcast(run, v16)
+            out.append(builder.call(fn, [part, w, x4] if unsigned_weights else [part, x4, w]))
+        return concat(builder, out)
+
+    def tiles_of_int8(tiles):
+        return isinstance(tiles, types.Array) and tiles.dtype == types.int8
+
+    @intrinsic
+    def izero(typingctx):
+        return ilanes(), lambda context, builder, sig, args: ir.Constant(ivec, [0] * LANES)
+
+    @intrinsic
+    def istart(typingctx, tiles, k, b, at):
+        def codegen(context, builder, sig, args):
+            return builder.load(pointer(context, builder, sig, args, args[3], ivec), align=4)
+
+        return (ilanes(tiles, k, b, at), codegen) if tiles_of_int8(tiles) else None
+
+    @intrinsic
+    def nibble_dots(typingctx, acc, tiles, k, b, at, xw):
+        def codegen(context, builder, sig, args):
+            acc, tiles_sig = args[0], sig.args[1:5]
+            inner = sig.replace(args=tiles_sig)
+            runs = []
+            for p in range(2):
+                off = builder.add(args[4], ir.Constant(args[4].type, 64 * p))
+                raw = builder.load(pointer(context, builder, inner, args[1:4], off, b64),
+                                   align=1)
+                runs += [builder.and_(raw, ir.Constant(b64, [15] * 64)),
+                         builder.lshr(raw, ir.Constant(b64, [4] * 64))]
+            return dots(builder, acc, runs, splat(builder, args[5], v16, 16), True)
+
+        return (ilanes(acc, tiles, k, b, at, xw), codegen) if tiles_of_int8(tiles) else None
+
+    @intrinsic
+    def byte_dots(typingctx, acc, tiles, k, b, at, xw):
+        def codegen(context, builder, sig, args):
+            inner = sig.replace(args=sig.args[1:5])
+            runs = []
+            for h in range(4):
+                off = builder.add(args[4], ir.Constant(args[4].type, 64 * h))
+                runs.append(builder.load(pointer(context, builder, inner, args[1:4], off, b64),
+                                         align=1))
+            return dots(builder, args[0], runs, splat(builder, args[5], v16, 16), False)
+
+        return (ilanes(acc, tiles, k, b, at, xw), codegen) if tiles_of_int8(tiles) else None
+
+    @intrinsic
+    def fold(typingctx, sums, i, acc, d, m, dx, sx):
+        def codegen(context, builder, sig, args):
+            sums, i, acc, d, m, dx, sx = args
+            arr = context.make_array(sig.args[0])(context, builder, sums)
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr,
+                                           [i, ir.Constant(ir.IntType(64), 0)])
+            ptr = builder.bitcast(ptr, vec.as_pointer())
+            y = builder.load(ptr, align=4)
+            dx = context.cast(builder, dx, sig.args[5], types.float32)
+            sx = context.cast(builder, sx, sig.args[6], types.float32)
+            scaled = builder.fmul(d, splat(builder, dx, vec, LANES))
+            y = builder.fadd(y, builder.fmul(scaled, builder.sitofp(acc, vec)))
+            y = builder.fadd(y, builder.fmul(m, splat(builder, sx, vec, LANES)))
+            builder.store(y, ptr, align=4)
+            return context.get_dummy_value()
+
+        return types.void(sums, i, acc, d, m, dx, sx), codegen
+
+    @intrinsic
+    def ahead(typingctx, tiles, k, b, at):
+        def codegen(context, builder, sig, args):
+            i8p = ir.IntType(8).as_pointer()
+            line = pointer(context, builder, sig, args, args[3], ir.IntType(8), False)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                "llvm.prefetch.p0" if getattr(line.type, "is_opaque", False)
+                else "llvm.prefetch.p0i8")
+            builder.call(fn, [line, i32(0), i32(3), i32(1)])  # read, every cache level, data
+            return context.get_dummy_value()
+
+        return types.void(tiles, k, b, at), codegen
+
+    return izero, istart, nibble_dots, byte_dots, fold, ahead
 
 
 # ---- the pieces of a block -------------------------------------------------------------------

@@ -18,7 +18,17 @@ from typing import Any
 import numpy as np
 
 from . import shipped
-from .backend import BF16, F16, Arena, get_backend, keep_blocks, kernel_available, to_host, widen
+from .backend import (
+    BF16,
+    F16,
+    Arena,
+    get_backend,
+    int8_supported,
+    keep_blocks,
+    kernel_available,
+    to_host,
+    widen,
+)
 from .config import ModelConfig, read_config, read_json
 from .core.model import Model
 from .errors import MinispecError
@@ -318,14 +328,18 @@ def _describe(c: ModelConfig) -> str:
             f"intermediate_size={c.intermediate_size}, tie_word_embeddings={c.tie_word_embeddings}")
 
 
-def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
+def load(path: str | Path, *, dtype=None, device: str = "auto",
+         activations: str = "float32") -> Model:
     """Load a Hugging Face model directory (config.json + safetensors [+ tokenizer.json]) -> Model.
 
     dtype: compute dtype, None -> float32 ("float16" is meant for the GPU); with None, a bfloat16
     checkpoint on the CPU keeps its matrices bfloat16 in memory (`_as_stored`: the same logits,
     half the bytes read), dtype="float32" widens them at load; likewise a GGUF's conversion
     with its blocks beside it (GGUF_BLOCKS) has the kernel read its Q4_1 and Q8_0 matrices as
-    they were stored (`_keep_gguf_blocks`). device: "auto" | "cpu" |
+    they were stored (`_keep_gguf_blocks`). activations="int8", for such a conversion on the
+    CPU: its Q4_1 matrices multiply activations quantized to int8 per block of 32, llama.cpp's
+    arithmetic (kernels.py, "int8 activations"): faster, and not the float32 model's logits
+    (within ~1% of each product); needs numba and AVX-512 VNNI. device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
     "shipped:target" (or "shipped:draft") names a shipped model from any directory.
     """
@@ -340,7 +354,11 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     if not path.is_dir():
         raise MinispecError(f"{path}: not a model directory (expected config.json and "
                             f"model.safetensors in it)")
+    _check_activations(activations, path, dtype, device)
     xp, dev = get_backend(device)
+    if activations == "int8" and xp is not np:
+        raise MinispecError("activations='int8': runs on the CPU (device 'auto' found a GPU: "
+                            "pass device='cpu')")
     dt = _compute_dtype(dtype)
     config = read_config(path / "config.json")
     ckpt = Checkpoint(path)
@@ -381,16 +399,37 @@ def load(path: str | Path, *, dtype=None, device: str = "auto") -> Model:
     except MinispecError as e:  # e.g. RoPE frequencies no float holds: name the file
         raise MinispecError(f"{path / 'config.json'}: {e}") from None
     if (path / GGUF_BLOCKS).is_file() and xp is np and dtype is None and kernel_available():
-        _keep_gguf_blocks(model, path / GGUF_BLOCKS)
+        _keep_gguf_blocks(model, path / GGUF_BLOCKS, int8=activations == "int8")
     return model
 
 
-def _keep_gguf_blocks(model: Model, path: Path) -> None:
+def _check_activations(activations, path: Path, dtype, device: str) -> None:
+    """load's `activations`: "float32", or "int8" where it can run (a MinispecError saying what
+    is missing otherwise)."""
+    if activations not in ("float32", "int8"):
+        raise MinispecError(f"activations: expected 'float32' or 'int8', got {activations!r:.100}")
+    if activations == "float32":
+        return
+    if device == "gpu" or dtype is not None:
+        raise MinispecError("activations='int8': the CPU's product with GGUF blocks, as stored "
+                            f"(device 'cpu' or 'auto' and dtype None; got device {device!r}, "
+                            f"dtype {dtype!r})")
+    if not (path / GGUF_BLOCKS).is_file():
+        raise MinispecError(f"{path}: activations='int8' multiplies a GGUF conversion's Q4_1 "
+                            f"blocks, and there is no {GGUF_BLOCKS} here (minispec.convert "
+                            "writes it beside the conversion of a GGUF file)")
+    if not int8_supported():
+        raise MinispecError("activations='int8': needs numba and a CPU with AVX-512 VNNI "
+                            "(avx512vnni); this one has not")
+
+
+def _keep_gguf_blocks(model: Model, path: Path, int8: bool = False) -> None:
     """The few-rows kernel reads each matrix `path` (minispec.convert's GGUF_BLOCKS beside a
     GGUF's float32 conversion) holds from its Q4_1 or Q8_0 blocks (backend.keep_blocks): the
     same values, a fifth of the bytes a step reads. Every matrix is checked to hold, bit for
     bit, the weights model.safetensors gave (a MinispecError naming the file otherwise: blocks
-    of another conversion); the float32 weights stay the reference and the prefill's."""
+    of another conversion); the float32 weights stay the reference and the prefill's. int8: the
+    Q4_1 matrices multiply int8 activations (backend.keep_blocks)."""
     from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, dequantize
     from .safetensors import SafetensorsFile
 
@@ -416,7 +455,7 @@ def _keep_gguf_blocks(model: Model, path: Path) -> None:
             raise MinispecError(f"{path}: the blocks of {names[0]!r} do not hold the weights "
                                 f"of model.safetensors (a conversion of another file?); remove "
                                 f"{path.name} or convert again")
-        keep_blocks(weight, blocks)
+        keep_blocks(weight, blocks, int8=int8)
 
     for i, layer in enumerate(w["layers"]):
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."

@@ -53,6 +53,13 @@ def add_dtype(ap: argparse.ArgumentParser) -> None:
                     "then run on the tensor cores)")
 
 
+def add_activations(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--activations", choices=("float32", "int8"), default="float32",
+                    help="int8: a GGUF conversion's Q4_1 matrices multiply activations quantized "
+                    "to int8 per block of 32 (llama.cpp's arithmetic: faster, logits within ~1%% "
+                    "of the float32 model's, not its bits; the target only; needs AVX-512 VNNI)")
+
+
 def add_fast_steps(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fast-steps", choices=["on", "off"], default="on",
                     help="calls of a few tokens take the speed path: CUDA graphs on the GPU "

@@ -42,9 +42,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import KERNEL_MAX_ROWS, blas_threads, kept_as_blocks, kernel_available, use_kernel
+from ..backend import (
+    KERNEL_MAX_ROWS,
+    blas_threads,
+    kept_as_blocks,
+    kept_for_int8,
+    kernel_available,
+    use_kernel,
+)
 from ..core.sampling import Sampling
-from ..cpu_steps import enable_where_supported
+from ..cpu_steps import MAX_TOKENS, enable_where_supported
 from ..drafters import (
     AUTO_GAMMA,
     EAGLE_COPY,
@@ -55,7 +62,15 @@ from ..drafters import (
     head_draft_vocab,
 )
 from ..errors import MinispecError
-from ..options import add_device, add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
+from ..options import (
+    add_activations,
+    add_device,
+    add_dtype,
+    add_fast_steps,
+    add_gamma,
+    add_threads,
+    parse_gamma,
+)
 from ..shipped import display, path_arg
 from . import harness
 from .harness import (
@@ -121,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     add_device(ap)
     add_dtype(ap)
+    add_activations(ap)
     add_threads(ap)
     add_fast_steps(ap)
     ap.add_argument("--hf", choices=["auto", "on", "off"], default="auto",
@@ -298,7 +314,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
 
-    target = load(args.target, device=args.device, dtype=args.dtype)
+    target = load(args.target, device=args.device, dtype=args.dtype,
+                  activations=args.activations)
     draft = load(args.draft, device=args.device, dtype=args.dtype)
     if args.fast_steps == "on":
         enable_where_supported(target, draft)
@@ -396,7 +413,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
-    target = load(args.target, device=args.device, dtype=args.dtype)
+    target = load(args.target, device=args.device, dtype=args.dtype,
+                  activations=args.activations)
     assistant = (None if args.assistant is None
                  else load(args.assistant, device=args.device, dtype=args.dtype))
     if args.fast_steps == "on":
@@ -594,15 +612,21 @@ def _products(model) -> str:
     if kernel_in_use(model):
         import numba
 
-        steps = ("; calls of 1..32 tokens: minispec/cpu_steps.py's numba loops"
-                 if getattr(model, "fast_steps", None) is not None
+        fast = getattr(model, "fast_steps", None)
+        calls = ("every call on a cache" if getattr(fast, "max_tokens", 0) > MAX_TOKENS
+                 else f"calls of 1..{MAX_TOKENS} tokens")
+        steps = (f"; {calls}: minispec/cpu_steps.py's numba loops" if fast is not None
                  else "; every call: model.py's plain path (--fast-steps off)")
-        w = model.weights
-        blocks = sum(kept_as_blocks(a) for a in [w["lm_head"]] + [
-            layer.get(n) for layer in w["layers"] for n in harness.PRODUCTS])
-        kept = f" ({blocks} matrices read as their GGUF blocks)" if blocks else ""
-        return (f"minispec's few-rows kernel for 1..{KERNEL_MAX_ROWS} rows (numba "
-                f"{numba.__version__}){kept}, else BLAS{steps}")
+        mats = [model.weights["lm_head"]] + [layer.get(n) for layer in model.weights["layers"]
+                                             for n in harness.PRODUCTS]
+        blocks, int8 = sum(map(kept_as_blocks, mats)), sum(map(kept_for_int8, mats))
+        kept = (f" ({blocks} matrices read as their GGUF blocks"
+                + (f", {int8} of them multiplying int8 activations" if int8 else "") + ")"
+                if blocks else "")
+        rows = ("every number of rows" if int8 == len(mats) else
+                f"1..{KERNEL_MAX_ROWS} rows")
+        return (f"minispec's few-rows kernel for {rows} (numba {numba.__version__}){kept}"
+                + ("" if int8 == len(mats) else ", else BLAS") + steps)
     return "NumPy's x @ w" + ("" if kernel_available() or model.device != "cpu"
                               else " (numba is not installed: no few-rows kernel)")
 

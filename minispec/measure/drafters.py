@@ -46,7 +46,15 @@ from ..drafters import (
 )
 from ..drafters.tree_model import tree_size
 from ..errors import MinispecError
-from ..options import add_device, add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
+from ..options import (
+    add_activations,
+    add_device,
+    add_dtype,
+    add_fast_steps,
+    add_gamma,
+    add_threads,
+    parse_gamma,
+)
 from ..shipped import models_hint, path_arg
 from ..tree import hidden_tree
 from . import harness
@@ -257,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads(ap)
     add_device(ap)
     add_dtype(ap)
+    add_activations(ap)
     add_fast_steps(ap)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     return ap
@@ -288,7 +297,8 @@ def run(args: argparse.Namespace) -> dict:
     with blas_threads(args.threads):
         no_draft = args.draft.lower() == "none"
         rows, notes = select_rows(args.drafters, not no_draft)
-        target = load(args.target, device=args.device, dtype=args.dtype)
+        target = load(args.target, device=args.device, dtype=args.dtype,
+                      activations=args.activations)
         draft = None if no_draft else load(path_arg(args.draft), device=args.device,
                                            dtype=args.dtype)
         if args.fast_steps == "on":

@@ -250,7 +250,7 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
     """Seconds of weight-product arithmetic per token in a call of many tokens, with the weights
     in the cache: each of a step's matrices cut to its first outputs (about cut_bytes, which the
     CPU's L2 cache holds), multiplied by `rows` rows of ones through model.py's `linear` (the
-    block product of its first tiles, for a matrix read as GGUF blocks), its
+    block product, or the int8 one, of its first tiles, for a matrix read as GGUF blocks), its
     best time scaled to the whole matrix and divided by `rows`. A call of k tokens takes at least
     k times this, as it takes at least the memory floor: past k = floor / this, a verify call is
     bound by its arithmetic, not by reading the weights. None off the CPU."""
@@ -269,7 +269,9 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
             tiles = kernel_weight(m)  # [ceil(D_out / 64), D_in / 32, bytes]
             n_tiles = max(1, min(tiles.shape[0], cut_bytes // tiles[0].nbytes))
             cut, n = tiles[:n_tiles], n_tiles * LANES
-            y, product = np.empty((rows, n), np.float32), compiled().block_product
+            loops = compiled()  # int8 tiles: the int8 product (backend.keep_blocks)
+            product = loops.int8_product if tiles.dtype == np.int8 else loops.block_product
+            y = np.empty((rows, n), np.float32)
 
             def call(x=x, cut=cut, y=y, product=product):
                 product(x, cut, y)
