@@ -337,7 +337,7 @@ def load(path: str | Path, *, dtype=None, device: str = "auto",
     half the bytes read), dtype="float32" widens them at load; likewise a GGUF's conversion
     with its blocks beside it (GGUF_BLOCKS) has the kernel read its Q4_1 and Q8_0 matrices as
     they were stored (`_keep_gguf_blocks`). activations="int8", for such a conversion on the
-    CPU: its Q4_1 matrices multiply activations quantized to int8 per block of 32, llama.cpp's
+    CPU: those matrices multiply activations quantized to int8 per block of 32, llama.cpp's
     arithmetic (kernels.py, "int8 activations"): faster, and not the float32 model's logits
     (within ~1% of each product); needs numba and AVX-512 VNNI. device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
@@ -416,8 +416,8 @@ def _check_activations(activations, path: Path, dtype, device: str) -> None:
                             f"dtype {dtype!r})")
     if not (path / GGUF_BLOCKS).is_file():
         raise MinispecError(f"{path}: activations='int8' multiplies a GGUF conversion's Q4_1 "
-                            f"blocks, and there is no {GGUF_BLOCKS} here (minispec.convert "
-                            "writes it beside the conversion of a GGUF file)")
+                            f"and Q8_0 blocks, and there is no {GGUF_BLOCKS} here "
+                            "(minispec.convert writes it beside the conversion of a GGUF file)")
     if not int8_supported():
         raise MinispecError("activations='int8': needs numba and a CPU with AVX-512 VNNI "
                             "(avx512vnni); this one has not")
@@ -428,8 +428,8 @@ def _keep_gguf_blocks(model: Model, path: Path, int8: bool = False) -> None:
     GGUF's float32 conversion) holds from its Q4_1 or Q8_0 blocks (backend.keep_blocks): the
     same values, a fifth of the bytes a step reads. Every matrix is checked to hold, bit for
     bit, the weights model.safetensors gave (a MinispecError naming the file otherwise: blocks
-    of another conversion); the float32 weights stay the reference and the prefill's. int8: the
-    Q4_1 matrices multiply int8 activations (backend.keep_blocks)."""
+    of another conversion); the float32 weights stay the reference and the prefill's. int8: they
+    multiply int8 activations (backend.keep_blocks)."""
     from .kernels import Q4_1_BLOCK, Q8_0_BLOCK, dequantize
     from .safetensors import SafetensorsFile
 

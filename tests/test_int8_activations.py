@@ -128,8 +128,8 @@ def test_int8_activations_are_refused_where_they_cannot_run(tmp_path):
         minispec.load(out, activations="int8", dtype="float32")
     (out / GGUF_BLOCKS).unlink()
     with pytest.raises(MinispecError, match=r"hf: activations='int8' multiplies a GGUF "
-                                            r"conversion's Q4_1 blocks, and there is no "
-                                            r"gguf_blocks.safetensors here"):
+                                            r"conversion's Q4_1 and Q8_0 blocks, and there is "
+                                            r"no gguf_blocks.safetensors here"):
         minispec.load(out, activations="int8")
 
 
