@@ -220,6 +220,8 @@ class CpuSteps:
 
     def run_layers(self, h, cache, pos: int, first: int = 0, end: int | None = None):
         m, t = self.model, h.shape[0]
+        if cache is None and pos == 0 and self.max_tokens > MAX_TOKENS:
+            cache = m.new_cache(t)  # int8 activations: Model.logits, a fresh sequence, too
         if (cache is None or first != 0 or end not in (None, m.n_layers)
                 or not 1 <= t <= self.max_tokens):
             return None  # partial stacks (early exit), no cache, prefills: the plain path

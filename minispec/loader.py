@@ -339,7 +339,11 @@ def load(path: str | Path, *, dtype=None, device: str = "auto",
     they were stored (`_keep_gguf_blocks`). activations="int8", for such a conversion on the
     CPU: those matrices multiply activations quantized to int8 per block of 32, llama.cpp's
     arithmetic (kernels.py, "int8 activations"): faster, and not the float32 model's logits
-    (within ~1% of each product); needs numba and AVX-512 VNNI. device: "auto" | "cpu" |
+    (within ~1% of each product); needs numba and AVX-512 VNNI. Turn the CPU speed path on
+    for it (minispec.use_speed_path(model), as the command line and benchmarks do): there every
+    call, Model.logits too, takes one arithmetic, so a verify call gives one-token steps'
+    logits; on the plain path a call's attention can differ from a step's in the last bits,
+    and an activation rounded the other way moves a logit by far more. device: "auto" | "cpu" |
     "gpu". Raises MinispecError naming the file and what was expected for anything missing or wrong.
     "shipped:target" (or "shipped:draft") names a shipped model from any directory.
     """

@@ -9,6 +9,7 @@ output equals greedy autoregressive output, and a request it cannot serve is ref
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -81,7 +82,7 @@ def test_a_model_of_int8_activations_verifies_losslessly_and_stays_close(tmp_pat
     assert all(backend.kept_for_int8(p[n]) for p in layers for n in ("wqkv", "wo", "w_up"))
     assert backend.kept_for_int8(m.weights["lm_head"])  # Q8_0
     assert not backend.kept_for_int8(plain.weights["layers"][0]["wqkv"])
-    enable(m)
+    enable(m)  # the speed path: int8's one arithmetic (minispec.load's docstring)
     ids = np.random.default_rng(2).integers(0, len(TOKENS), 30).tolist()
     new = [7, 8, 9, 10, 11]
     cache = m.new_cache(64)
@@ -101,6 +102,8 @@ def test_a_model_of_int8_activations_verifies_losslessly_and_stays_close(tmp_pat
     m.hidden_states(long[:40], cache)
     tail = np.concatenate([m.lm_head(m.hidden_states([t], cache)) for t in long[40:]])
     assert np.array_equal(whole[40:], tail)
+    # Model.logits, a fresh sequence without a cache, is that arithmetic too
+    assert np.array_equal(m.logits(ids + new)[len(ids):], steps)
     # another model, a little: the logits move by the activations' rounding
     a, b = m.logits(ids + new), plain.logits(ids + new)
     assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
@@ -147,3 +150,19 @@ def test_bench_runs_int8_activations_and_says_so(tmp_path, capsys):
     agree = report["greedy_agreement"]["minispec ngram vs minispec autoregressive"]
     assert agree["identical"] == agree["total"]
     assert "multiplying int8 activations" in json.dumps(report)
+
+
+def test_the_judge_passes_a_drafter_on_a_model_of_int8_activations(tmp_path, capsys):
+    from minispec.judge.main import main as judge_main
+
+    out = convert_gguf(_quantized_gguf(tmp_path, True), tmp_path / "hf")
+    text = "abcabcabcab"  # a byte a token, repeating: lookup drafts
+    code = judge_main(["--drafter", "ngram", "--model", str(out), "--activations", "int8",
+                       "--prompt", text, "--samples", "400"])
+    report = capsys.readouterr().out  # the true tests pass; a broken verify step is caught
+    # (the other control, resampling from p, moves little where ngram's q is one token: too
+    # little for 400 samples to see, so the run's verdict is FAIL, exit 1)
+    assert code in (0, 1) and "2/2 true tests pass" in report, report
+    assert re.search(r"accept q/p .* rejected", report), report
+    assert judge_main(["--drafter", "ngram", "--activations", "int8"]) == 2
+    assert "--activations: goes with --drafter NAME --model DIR" in capsys.readouterr().err

@@ -279,6 +279,9 @@ def parser() -> Parser:
                     f"directory; draft is None), at T={MODEL.temperature:g} top-k {MODEL.top_k} "
                     f"over the next {MODEL.L} tokens of --prompt, and greedily; e.g. a "
                     "trained head on the target it was trained for")
+    ap.add_argument("--activations", choices=("float32", "int8"), default="float32",
+                    help="with --model: int8 judges the model of int8 activations a GGUF "
+                    "conversion makes (minispec.load's activations='int8'; AVX-512 VNNI)")
     ap.add_argument("--prompt", metavar="TEXT", default=MODEL_PROMPT,
                     help="with --model: the text whose continuation is judged (default: "
                     "%(default)r); choose one where the drafter's own paths run, e.g. text that "
@@ -311,6 +314,9 @@ def read_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser().parse_args(argv)
     if args.model is not None and not args.drafter:
         raise MinispecError("--model: goes with --drafter (the drafter to judge on that model)")
+    if args.activations != "float32" and args.model is None:
+        raise MinispecError("--activations: goes with --drafter NAME --model DIR (a GGUF "
+                            "conversion; the tiny models are float32)")
     if args.prompt != MODEL_PROMPT and args.model is None:
         raise MinispecError("--prompt: goes with --drafter NAME --model DIR (the tiny models' "
                             "prompts are fixed)")
@@ -433,7 +439,7 @@ def judge_outside(args, kind: str, t0: float) -> int:
           f"{kind} {spec}, {n} {unit} per configuration")
     if kind == "drafter" and args.model is not None:
         rows, controls = judge_drafter_on_model(factory, spec, n, args.seed, args.model,
-                                                args.prompt)
+                                                args.prompt, args.activations)
     else:
         rows, controls = judge(factory, spec, args.quick, n, args.seed)
     return report(rows, controls, [note], args.plot, t0)

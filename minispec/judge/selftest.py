@@ -299,12 +299,18 @@ MODEL_PROMPT = "The capital of France is"
 
 
 def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir,
-                           text: str = MODEL_PROMPT) -> tuple[list[Row], list[Row]]:
+                           text: str = MODEL_PROMPT, activations: str = "float32"
+                           ) -> tuple[list[Row], list[Row]]:
     """The drafter factory(target, None) on the model in model_dir, continuing `text`: its
     output at MODEL's setting and greedily against the exact law; as controls, at the same
     sample size, the same drafter and model with a broken verify step (a chain drafter) or with
-    its trees verified against the wrong proposal (a tree drafter: WrongTreeProposal)."""
-    target = load(model_dir, device="cpu")
+    its trees verified against the wrong proposal (a tree drafter: WrongTreeProposal).
+    activations: minispec.load's (int8: a GGUF conversion's model of int8 activations)."""
+    target = load(model_dir, device="cpu", activations=activations)
+    if activations == "int8":  # its one arithmetic: the CPU speed path (minispec.load says why)
+        from ..cpu_steps import enable_where_supported
+
+        enable_where_supported(target)
     drafter = factory(target, None)
     if not isinstance(drafter, Drafter):
         raise MinispecError(f"--drafter {label}: the factory returned "
