@@ -60,6 +60,14 @@ def add_activations(ap: argparse.ArgumentParser) -> None:
                     "of the float32 model's, not its bits; the target only; needs AVX-512 VNNI)")
 
 
+def check_activations(args: argparse.Namespace) -> None:
+    """--activations int8 runs on the CPU speed path only (minispec.load says why)."""
+    if args.activations == "int8" and getattr(args, "fast_steps", "on") == "off":
+        raise MinispecError("--activations int8: needs --fast-steps on (that model's one "
+                            "arithmetic is the CPU speed path's; on the plain path a verify call "
+                            "and a step can round an activation differently)")
+
+
 def add_fast_steps(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fast-steps", choices=["on", "off"], default="on",
                     help="calls of a few tokens take the speed path: CUDA graphs on the GPU "

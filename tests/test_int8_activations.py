@@ -166,3 +166,15 @@ def test_the_judge_passes_a_drafter_on_a_model_of_int8_activations(tmp_path, cap
     assert re.search(r"accept q/p .* rejected", report), report
     assert judge_main(["--drafter", "ngram", "--activations", "int8"]) == 2
     assert "--activations: goes with --drafter NAME --model DIR" in capsys.readouterr().err
+
+
+def test_bench_and_drafters_refuse_int8_activations_off_the_speed_path(tmp_path, capsys):
+    from minispec.measure import bench, drafters
+
+    out = convert_gguf(_quantized_gguf(tmp_path, True), tmp_path / "hf")
+    argv = ["--target", str(out), "--draft", "none", "--activations", "int8", "--fast-steps",
+            "off"]
+    why = "--activations int8: needs --fast-steps on"
+    with pytest.raises(MinispecError, match=why):  # (the command line prints it, exit 2)
+        bench.main(argv + ["--quick", "--hf", "off"])
+    assert drafters.main(argv) == 2 and why in capsys.readouterr().err

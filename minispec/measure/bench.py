@@ -69,6 +69,7 @@ from ..options import (
     add_fast_steps,
     add_gamma,
     add_threads,
+    check_activations,
     parse_gamma,
 )
 from ..shipped import display, path_arg
@@ -314,6 +315,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
 
+    check_activations(args)
     target = load(args.target, device=args.device, dtype=args.dtype,
                   activations=args.activations)
     draft = load(args.draft, device=args.device, dtype=args.dtype)
@@ -413,6 +415,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     use_hf = args.hf == "on" or (args.hf == "auto" and _hf_available())
     if args.hf == "on" and not _hf_available():
         raise MinispecError("--hf on: needs torch and transformers installed")
+    check_activations(args)
     target = load(args.target, device=args.device, dtype=args.dtype,
                   activations=args.activations)
     assistant = (None if args.assistant is None

@@ -53,6 +53,7 @@ from ..options import (
     add_fast_steps,
     add_gamma,
     add_threads,
+    check_activations,
     parse_gamma,
 )
 from ..shipped import models_hint, path_arg
@@ -297,6 +298,7 @@ def run(args: argparse.Namespace) -> dict:
     with blas_threads(args.threads):
         no_draft = args.draft.lower() == "none"
         rows, notes = select_rows(args.drafters, not no_draft)
+        check_activations(args)
         target = load(args.target, device=args.device, dtype=args.dtype,
                       activations=args.activations)
         draft = None if no_draft else load(path_arg(args.draft), device=args.device,
