@@ -188,8 +188,8 @@ def matmul(x, w):
             and x.dtype == np.float32 and w.dtype in _KERNEL_WEIGHTS and w.ndim == 2
             and w.T.flags.c_contiguous and _kernel_wanted and _compiled()):
         return _run_kernel(x, w)  # the checks few_rows_matmul makes were just made
-    if (_INT8 and isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype == np.float32
-            and x.shape[0] >= 1 and isinstance(w, np.ndarray) and kept_for_int8(w)):
+    if (isinstance(w, np.ndarray) and kept_for_int8(w) and isinstance(x, np.ndarray)
+            and x.ndim == 2 and x.dtype == np.float32 and x.shape[0] >= 1):
         return _run_kernel(x, w)  # a model of int8 activations: every row count, one arithmetic
     if isinstance(w, np.ndarray) and (w.dtype == BF16 or w.dtype == F16 != x.dtype):
         w = widen(w)  # as stored -> float32 (a float16 model's own float16 weights stay)
@@ -288,14 +288,10 @@ def keep_blocks(w: np.ndarray, blocks: np.ndarray, int8: bool = False) -> None:
         if not int8_supported():
             raise MinispecError("keep_blocks: int8 activations need numba and a CPU with "
                                 "AVX-512 VNNI (avx512vnni)")
-        global _INT8
-        _INT8 = True
         _keep_tiles(w, int8_tiles(blocks))
     else:
         _keep_tiles(w, block_tiles(blocks))
 
-
-_INT8 = False  # whether any weight was kept for int8 activations (matmul's check skips if not)
 
 
 def int8_supported() -> bool:

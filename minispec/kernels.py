@@ -259,6 +259,24 @@ def _ahead() -> int:
     return AHEAD_BYTES if "+avx512f" in features and "+sse4a" not in features else 0
 
 
+def _vector_type(name: str, vec):
+    """A numba type, named `name`, whose values are the LLVM vector type `vec` (kept in vector
+    registers): what the lanes intrinsics take and return."""
+    from numba.core import types
+    from numba.extending import models, register_model
+
+    class Vector(types.Type):
+        def __init__(self):
+            super().__init__(name=name)
+
+    @register_model(Vector)
+    class VectorModel(models.PrimitiveModel):
+        def __init__(self, dmm, fe_type):
+            super().__init__(dmm, fe_type, vec)
+
+    return Vector()
+
+
 def _lanes_intrinsics(numba, width=LANES):
     """numba functions on a value of 64 float32 lanes (an LLVM <64 x float>, which LLVM keeps in
     4 vector registers): `_zero()`; `_load(tile, i)` the 64 weights tile[i, :] as float32 (a
@@ -274,21 +292,11 @@ def _lanes_intrinsics(numba, width=LANES):
     a value of lanes."""
     from llvmlite import ir
     from numba.core import cgutils, types
-    from numba.extending import intrinsic, models, register_model
+    from numba.extending import intrinsic
 
     f32, i32 = ir.FloatType(), ir.IntType(32)
     vec = ir.VectorType(f32, width)
-
-    class Lanes(types.Type):
-        def __init__(self):
-            super().__init__(name=f"float32x{width}")
-
-    lanes = Lanes()
-
-    @register_model(Lanes)
-    class LanesModel(models.PrimitiveModel):
-        def __init__(self, dmm, fe_type):
-            super().__init__(dmm, fe_type, vec)
+    lanes = _vector_type(f"float32x{width}", vec)
 
     def pointer(context, builder, aryty, ary, index, to):
         arr = context.make_array(aryty)(context, builder, ary)
@@ -422,6 +430,42 @@ UNPACKED = 4  # blocks a call of more than 6 rows rebuilds at a time (2: within 
 # spill from a 48 KB L1 cache, 9-47% slower; weights/README.md, "Rebuilt once")
 
 
+def _tile_rows(blocks: np.ndarray, who: str) -> np.ndarray:
+    """GGUF blocks [D_out, D_in / 32, bytes] -> [ceil(D_out / 64), D_in / 32, 64, bytes]: each
+    block of inputs with its 64 outputs side by side, the outputs past D_out zero blocks.
+    ValueError, naming `who`, for blocks neither Q4_1's nor Q8_0's."""
+    d_out, nb, size = blocks.shape
+    if size not in (Q4_1_BLOCK, Q8_0_BLOCK):
+        raise ValueError(f"{who}: blocks of {size} bytes (expected {Q4_1_BLOCK} or "
+                         f"{Q8_0_BLOCK})")
+    nt = -(-d_out // LANES)
+    rows = np.zeros((nt * LANES, nb, size), np.uint8)
+    rows[:d_out] = blocks
+    return rows.reshape(nt, LANES, nb, size).transpose(0, 2, 1, 3)
+
+
+def _halves_at(rows: np.ndarray, at: int) -> np.ndarray:
+    """_tile_rows' rows -> the 64 outputs' float16 bits at bytes at, at + 1 -> [.., 128] bytes."""
+    nt, nb = rows.shape[:2]
+    return np.ascontiguousarray(rows[..., at:at + 2]).reshape(nt, nb, 2 * LANES)
+
+
+def _scales(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at bytes at, at + 1 of each block as float32 (exact) -> [..]: d at 0, Q4_1's
+    m at 2."""
+    return np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16)[..., 0].astype(
+        np.float32)
+
+
+def _numbers(blocks: np.ndarray) -> np.ndarray:
+    """Each block's 32 numbers q in input order -> [.., 32]: Q4_1's four-bit ones (byte j holds
+    input j in its low four bits and input j + 16 in its high four) as uint8, Q8_0's int8."""
+    if blocks.shape[-1] == Q8_0_BLOCK:
+        return blocks[..., 2:].view(np.int8)
+    qs = blocks[..., 4:]
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
 def block_tiles(blocks: np.ndarray) -> np.ndarray:
     """The layout the block product reads, for a weight [D_out, D_in] kept as its GGUF blocks,
     blocks uint8 [D_out, D_in / 32, 20] (Q4_1) or [..., 34] (Q8_0), each row as in the file:
@@ -429,38 +473,25 @@ def block_tiles(blocks: np.ndarray) -> np.ndarray:
     side for each block of 32 inputs: their 64 scales d (float16 bits), for Q4_1 their 64
     minimums m, then for each of the 32 inputs the 64 outputs' numbers: Q4_1 as 32 bytes whose
     low four bits are output j's and high four bits output j + 32's, Q8_0 as 64 bytes."""
-    d_out, nb, size = blocks.shape
-    nt = -(-d_out // LANES)
-    rows = np.zeros((nt * LANES, nb, size), np.uint8)
-    rows[:d_out] = blocks
-    rows = rows.reshape(nt, LANES, nb, size).transpose(0, 2, 1, 3)  # [nt, nb, 64, size]
-
-    def halves(at):  # the 64 outputs' float16 at bytes at, at + 1 -> 128 bytes
-        return np.ascontiguousarray(rows[..., at:at + 2]).reshape(nt, nb, 2 * LANES)
-
+    size = blocks.shape[2]
+    rows = _tile_rows(blocks, "block_tiles")  # [nt, nb, 64, size]
+    nt, nb = rows.shape[:2]
+    q = _numbers(rows).view(np.uint8).transpose(0, 1, 3, 2)  # [nt, nb, 32 inputs, 64 outputs]
     if size == Q4_1_BLOCK:
-        qs = rows[..., 4:]  # [nt, nb, 64, 16]: byte j holds weight j (low) and j + 16 (high)
-        q = np.concatenate([qs & 15, qs >> 4], axis=-1).transpose(0, 1, 3, 2)  # [.., 32 in, 64]
         packed = q[..., :32] | (q[..., 32:] << 4)  # outputs j and j + 32 in one byte
-        return np.concatenate([halves(0), halves(2), packed.reshape(nt, nb, -1)], axis=2)
-    if size == Q8_0_BLOCK:
-        q = rows[..., 2:].transpose(0, 1, 3, 2)  # [nt, nb, 32 inputs, 64 outputs]
-        return np.concatenate([halves(0), np.ascontiguousarray(q).reshape(nt, nb, -1)], axis=2)
-    raise ValueError(f"block_tiles: blocks of {size} bytes (expected {Q4_1_BLOCK} or "
-                     f"{Q8_0_BLOCK})")
+        return np.concatenate([_halves_at(rows, 0), _halves_at(rows, 2),
+                               packed.reshape(nt, nb, -1)], axis=2)
+    return np.concatenate([_halves_at(rows, 0), np.ascontiguousarray(q).reshape(nt, nb, -1)],
+                          axis=2)
 
 
 def dequantize(blocks: np.ndarray) -> np.ndarray:
     """The float32 weight [D_out, D_in] of GGUF blocks [D_out, D_in / 32, 20 or 34], computed as
     gguf's dequantize computes it: the reference of the block product."""
-    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16).astype(np.float32)  # [.., nb, 1]
+    d, q = _scales(blocks, 0)[..., None], _numbers(blocks).astype(np.float32)  # [.., nb, 1]
     if blocks.shape[-1] == Q8_0_BLOCK:
-        q = blocks[..., 2:].view(np.int8).astype(np.float32)
         return (q * d).reshape(blocks.shape[0], -1)
-    m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
-    qs = blocks[..., 4:]
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.float32)
-    return (d * q + m).reshape(blocks.shape[0], -1)
+    return (d * q + _scales(blocks, 2)[..., None]).reshape(blocks.shape[0], -1)
 
 
 def _block_product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
@@ -728,27 +759,19 @@ def int8_tiles(blocks: np.ndarray) -> np.ndarray:
     32p..32p + 15 in the low four bits and 32p + 16..32p + 31 in the high four. Q8_0: the 64
     outputs' -128 * sum(q) (int32), then per group four runs of 64 signed bytes, run h
     holding outputs 16h..16h + 15."""
-    d_out, nb, size = blocks.shape
-    if size not in (Q4_1_BLOCK, Q8_0_BLOCK):
-        raise ValueError(f"int8_tiles: blocks of {size} bytes (expected {Q4_1_BLOCK} or "
-                         f"{Q8_0_BLOCK})")
-    nt = -(-d_out // LANES)
-    rows = np.zeros((nt * LANES, nb, size), np.uint8)
-    rows[:d_out] = blocks
-    rows = rows.reshape(nt, LANES, nb, size).transpose(0, 2, 1, 3)  # [nt, nb, 64, size]
-    d = np.ascontiguousarray(rows[..., 0:2]).reshape(nt, nb, 2 * LANES)
+    size = blocks.shape[2]
+    rows = _tile_rows(blocks, "int8_tiles")  # [nt, nb, 64, size]
+    nt, nb = rows.shape[:2]
+    q = np.ascontiguousarray(_numbers(rows))  # [nt, nb, 64 outputs, 32 inputs]
     if size == Q8_0_BLOCK:
-        q = np.ascontiguousarray(rows[..., 2:]).view(np.int8)  # [nt, nb, 64 outputs, 32 in]
         start = np.ascontiguousarray(-128 * q.sum(axis=3, dtype=np.int32))
         runs = q.reshape(nt, nb, 64, 8, 4).transpose(0, 1, 3, 2, 4)  # [.., g, output, i]
-        return np.concatenate([d, start.view(np.uint8), np.ascontiguousarray(runs).view(
-            np.uint8).reshape(nt, nb, -1)], axis=2).view(np.int8)
-    m = np.ascontiguousarray(rows[..., 2:4]).reshape(nt, nb, 2 * LANES)
-    qs = rows[..., 4:]
-    q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [nt, nb, 64 outputs, 32 inputs]
+        return np.concatenate([_halves_at(rows, 0), start.view(np.uint8), np.ascontiguousarray(
+            runs).view(np.uint8).reshape(nt, nb, -1)], axis=2).view(np.int8)
     q = q.reshape(nt, nb, 2, 2, 16, 8, 4)  # output 32p + 16h + o, input 4g + i
     runs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).transpose(0, 1, 4, 2, 3, 5)  # [.., g, p, o, i]
-    return np.concatenate([d, m, runs.reshape(nt, nb, -1)], axis=2).view(np.int8)
+    return np.concatenate([_halves_at(rows, 0), _halves_at(rows, 2), runs.reshape(nt, nb, -1)],
+                          axis=2).view(np.int8)
 
 
 def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -776,15 +799,10 @@ def int8_reference(x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     run over the blocks in order, each step rounded as the kernel rounds it (nothing fused)."""
     qx, dx, sx = quantize_rows(x)
     t, nb = dx.shape
-    d = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(np.float32)
     q4 = blocks.shape[2] == Q4_1_BLOCK
-    if q4:
-        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
-        qs = blocks[..., 4:]
-        q = np.concatenate([qs & 15, qs >> 4], axis=-1).astype(np.int32)  # [D_out, nb, 32]
-    else:
-        q = blocks[..., 2:].view(np.int8).astype(np.int32)
-    dots = np.einsum("tbj,obj->tob", qx.reshape(t, nb, 32).astype(np.int32), q)
+    d, m = _scales(blocks, 0), _scales(blocks, 2) if q4 else None  # [D_out, nb]
+    dots = np.einsum("tbj,obj->tob", qx.reshape(t, nb, 32).astype(np.int32),
+                     _numbers(blocks).astype(np.int32))  # [T, D_out, nb]
     y = np.zeros((t, blocks.shape[0]), np.float32)
     with np.errstate(all="ignore"):
         for b in range(nb):
@@ -906,22 +924,12 @@ def _int8_intrinsics(numba, lanes):
     at byte `at` of tiles[k, b] (a hint; b may be past the tile's last block)."""
     from llvmlite import ir
     from numba.core import cgutils, types
-    from numba.extending import intrinsic, models, register_model
+    from numba.extending import intrinsic
 
     f32, i32, i8 = ir.FloatType(), ir.IntType(32), ir.IntType(8)
     vec, ivec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES)
     v16, b64 = ir.VectorType(i32, 16), ir.VectorType(i8, 64)
-
-    class IntLanes(types.Type):
-        def __init__(self):
-            super().__init__(name=f"int32x{LANES}")
-
-    ilanes = IntLanes()
-
-    @register_model(IntLanes)
-    class IntLanesModel(models.PrimitiveModel):
-        def __init__(self, dmm, fe_type):
-            super().__init__(dmm, fe_type, ivec)
+    ilanes = _vector_type(f"int32x{LANES}", ivec)
 
     def splat(builder, v, ty, n):
         one = builder.insert_element(ir.Constant(ty, ir.Undefined), v, i32(0))

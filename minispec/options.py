@@ -55,9 +55,10 @@ def add_dtype(ap: argparse.ArgumentParser) -> None:
 
 def add_activations(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--activations", choices=("float32", "int8"), default="float32",
-                    help="int8: a GGUF conversion's Q4_1 matrices multiply activations quantized "
-                    "to int8 per block of 32 (llama.cpp's arithmetic: faster, logits within ~1%% "
-                    "of the float32 model's, not its bits; the target only; needs AVX-512 VNNI)")
+                    help="int8: a GGUF conversion's Q4_1 and Q8_0 matrices multiply activations "
+                    "quantized to int8 per block of 32 (llama.cpp's arithmetic: faster, another "
+                    "model, not the float32 one's logits; the target only; needs AVX-512 VNNI "
+                    "and the speed path)")
 
 
 def check_activations(args: argparse.Namespace) -> None:

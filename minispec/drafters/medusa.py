@@ -91,7 +91,7 @@ class MedusaDrafter(TreeDrafter):
         `head` (a DraftVocab; default the draft vocabulary's)."""
         xp, h = self.target.xp, self.h
         z = xp.stack([h + silu(xp, linear(h[None], w, b)[0]) for w, b in self.heads])  # [K, D]
-        return (head or self.draft_head)(z)  # [K, V]
+        return (self.draft_head if head is None else head)(z)  # [K, V]
 
     def propose(self, context, gamma, warp, rng) -> Draft:
         levels = self.shape[:gamma]
