@@ -32,6 +32,8 @@ _zero = _load = _fma = _store = _dot = _prefetch = None
 _zero16 = _load16 = _fma16 = _store16 = None  # and on 16 (the narrow pass)
 _tile = _tile16 = _rows = _product = _norm = _rope = _attend = _heads = _mlp_in = None
 _mlp_out = _attend_each = None  # a block's end; a batch's RoPE and attention
+_scores16 = _exp16 = _max16 = _add16 = _hmax16 = _hsum16 = None  # attention over heads
+_attend_lanes = None  # of 64 numbers (see _attention_intrinsics)
 _pick = _silu = _fma1 = None  # draft_chain's argmax or draw; SiLU; a fused a * b + c
 # numba functions reading GGUF blocks (see _block_intrinsics), and the block products
 _halves = _nibbles = _bytes = _fmav = _mulv = _block_tile = None
@@ -60,7 +62,7 @@ def compiled() -> SimpleNamespace | None:
     global _prefetch, _AHEAD, _halves, _nibbles, _bytes, _fmav, _mulv, _block_tile
     global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1, _mlp_out
     global _attend_each, _izero, _istart, _nibble_dots, _byte_dots, _dots, _fold, _quantize
-    global _ahead8
+    global _ahead8, _scores16, _exp16, _max16, _add16, _hmax16, _hsum16, _attend_lanes
     if _KERNELS is None:
         try:
             import numba
@@ -69,12 +71,16 @@ def compiled() -> SimpleNamespace | None:
             return None
         jit = numba.njit(fastmath=True, cache=True)
         _zero, _load, _fma, _store, _dot, _prefetch, lanes = _lanes_intrinsics(numba)
-        _zero16, _load16, _fma16, _store16, _, _, _ = _lanes_intrinsics(numba, 16)
+        _zero16, _load16, _fma16, _store16, _, _, lanes16 = _lanes_intrinsics(numba, 16)
+        _scores16, _exp16, _max16, _add16, _hmax16, _hsum16 = _attention_intrinsics(
+            numba, lanes, lanes16)
         _halves, _nibbles, _bytes, _fmav, _mulv = _block_intrinsics(numba, lanes)
         _NARROW_FROM, _AHEAD = _narrow_from(numba), _ahead()  # read once, when _product_kernel
         # compiles (numba's cache keeps machine code per CPU: the same choices there)
         _tile, _tile16, _rows = jit(_tile_kernel), jit(_tile16_kernel), jit(_rows_kernel)
         _product = jit(_product_kernel)
+        _attend_lanes = numba.njit(cache=True, fastmath=False, error_model="numpy")(
+            _attend_lanes_kernel)  # the order written (see there)
         _norm, _rope, _attend = jit(_rms_norm), jit(_rope_store), jit(_attention)
         _heads, _mlp_in = jit(_heads_kernel), jit(_mlp_in_kernel)
         _attend_each = jit(_attend_each_kernel)
@@ -115,7 +121,14 @@ def tiles(wt: np.ndarray) -> np.ndarray:
     d_out, d_in = wt.shape
     padded = np.zeros((-(-d_out // LANES) * LANES, d_in), wt.dtype)
     padded[:d_out] = wt
-    return np.ascontiguousarray(padded.reshape(-1, LANES, d_in).transpose(0, 2, 1))
+    made = np.ascontiguousarray(padded.reshape(-1, LANES, d_in).transpose(0, 2, 1))
+    return made[:, :, BF16_ORDER] if wt.dtype == np.uint16 else made
+
+
+# A bfloat16 tile's 64 weights in the order `_load` widens them fastest: read as 32 pairs, the
+# pair's high half is a float32 once its low 16 bits are cleared (one AND) and its low half
+# once shifted up (one shift), so each group of 32 outputs is stored as 16 pairs (c, c + 16).
+BF16_ORDER = np.array([g + c + h for g in (0, 32) for c in range(16) for h in (0, 16)])
 
 
 # ---- the weight products ---------------------------------------------------------------------
@@ -314,14 +327,35 @@ def _lanes_intrinsics(numba, width=LANES):
         if tile.dtype == types.float32:
             return builder.load(pointer(context, builder, sig.args[0], args[0], index, vec),
                                 align=4)  # a float's alignment, not the vector's
-        bits = ir.VectorType(ir.IntType(16), width)
-        raw = builder.load(pointer(context, builder, sig.args[0], args[0], index, bits),
-                           align=2)
         if tile.dtype == types.int16:  # float16's bits
+            bits = ir.VectorType(ir.IntType(16), width)
+            raw = builder.load(pointer(context, builder, sig.args[0], args[0], index, bits),
+                               align=2)
             return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), width)),
                                  vec)
-        wide = builder.zext(raw, ir.VectorType(i32, width))  # bfloat16's bits
-        return builder.bitcast(builder.shl(wide, ir.Constant(wide.type, [16] * width)), vec)
+        # bfloat16's bits, in BF16_ORDER: pairs (c, c + 16) of each 32 outputs as one int32
+        top = ir.Constant(ir.VectorType(i32, width // 2 if width == LANES else width),
+                          [-65536] * (width // 2 if width == LANES else width))  # 0xFFFF0000
+        if width == LANES:  # 32 pairs: the low halves shifted up, the high halves kept
+            pairs = builder.load(pointer(context, builder, sig.args[0], args[0], index,
+                                         top.type), align=2)
+            low = builder.shl(pairs, ir.Constant(top.type, [16] * (width // 2)))
+            high = builder.and_(pairs, top)
+            order = [g + c for g in (0, 32, 16, 48) for c in range(16)]  # back in order
+            wide = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(i32, width),
+                                                                  order))
+            return builder.bitcast(wide, vec)
+        # 16 lanes from column c: the 16 pairs from column c - c % 32; c % 32 = 0 takes their
+        # low halves (shifted up by 16), 16 their high ones (shifted by 0); then the top kept
+        c64 = ir.IntType(64)
+        index = [args[1], builder.and_(column, c64(-32))]
+        pairs = builder.load(pointer(context, builder, sig.args[0], args[0], index, top.type),
+                             align=2)
+        shift = builder.trunc(builder.sub(c64(16), builder.and_(column, c64(16))), i32)
+        splat = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(top.type, ir.Undefined), shift, i32(0)),
+            ir.Constant(top.type, ir.Undefined), ir.Constant(top.type, [0] * width))
+        return builder.bitcast(builder.and_(builder.shl(pairs, splat), top), vec)
 
     @intrinsic
     def load(typingctx, tile, i):
@@ -408,6 +442,153 @@ def _lanes_intrinsics(numba, width=LANES):
         return types.float32(a, b), codegen
 
     return zero, load if width == LANES else load_at, fma, store, dot, prefetch, lanes
+
+
+def _attention_intrinsics(numba, lanes, lanes16):
+    """numba functions for the attention over heads of 64 numbers: `_scores16(q, keys, j,
+    scale)` the 16 scores of a query q (64 lanes) against keys[j..j + 15] (a [S, 64] float32
+    array), each `_dot(q, keys[j + m]) * scale` to the bit (the same products, summed in the
+    same tree, the 16 trees' last four levels taken side by side); `_exp16(v, best)` exp(v -
+    best) on 16 lanes (`exp_reference` below is its NumPy twin); on 16 lanes, `_max16(a, b)`
+    and `_add16(a, b)` lane by lane, `_hmax16(v)` and `_hsum16(v)` over the lanes in _dot's
+    tree. Compiled without fastmath (_attend_lanes), each is the arithmetic written here."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    v64, v16 = ir.VectorType(f32, LANES), ir.VectorType(f32, 16)
+
+    def halves(builder, x, n):  # lanes 0..n-1 of x and lanes n..2n-1, as two vectors of n
+        return [builder.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
+                                       ir.Constant(ir.VectorType(i32, n), list(range(k, k + n))))
+                for k in (0, n)]
+
+    @intrinsic
+    def scores16(typingctx, q, keys, j, scale):
+        def codegen(context, builder, sig, args):
+            q, keys, j, scale = args
+            ary = context.make_array(sig.args[1])(context, builder, keys)
+            parts = []
+            for m in range(16):  # _dot's first levels, key by key: 64 products -> 32 -> 16
+                row = builder.add(j, ir.Constant(j.type, m))
+                at = cgutils.get_item_pointer(context, builder, sig.args[1], ary,
+                                              [row, ir.Constant(j.type, 0)])
+                x = builder.fmul(q, builder.load(builder.bitcast(at, v64.as_pointer()),
+                                                 align=4))
+                for n in (32, 16):
+                    lo, hi = halves(builder, x, n)
+                    x = builder.fadd(lo, hi)
+                parts.append(x)
+            width = 16  # then 16 -> 8 -> 4 -> 2 -> 1 for all: two vectors, each of p keys'
+            while width > 1:  # `width` partial sums, become one of 2p keys' width / 2 sums
+                half = width // 2
+                keys_in = 16 // width
+                low = [k * width + i for k in range(keys_in) for i in range(half)]
+                low = low + [16 + i for i in low]
+                high = [i + half for i in low]
+                parts = [builder.fadd(builder.shuffle_vector(a, b, ir.Constant(
+                             ir.VectorType(i32, 16), low)),
+                         builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 16), high)))
+                         for a, b in zip(parts[::2], parts[1::2])]
+                width = half
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(v16, ir.Undefined), scale, i32(0)),
+                ir.Constant(v16, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+            return builder.fmul(parts[0], splat)
+
+        if not (isinstance(keys, types.Array) and keys.dtype == types.float32
+                and keys.ndim == 2):
+            return None
+        return lanes16(q, keys, j, scale), codegen
+
+    @intrinsic
+    def exp16(typingctx, v, best):
+        def codegen(context, builder, sig, args):
+            def const(value, ty=f32):
+                return ir.Constant(ir.VectorType(ty, 16), [value] * 16)
+
+            def call(name, *xs):
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(v16, [v16] * len(xs)), f"llvm.{name}.v16f32")
+                return builder.call(fn, list(xs))
+
+            splat = builder.shuffle_vector(
+                builder.insert_element(ir.Constant(v16, ir.Undefined), args[1], i32(0)),
+                ir.Constant(v16, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+            x = builder.fsub(args[0], splat)
+            # x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts: n * the first is exact)
+            n = call("floor", builder.fadd(builder.fmul(x, const(EXP_LOG2E)), const(0.5)))
+            n = call("maxnum", n, const(-127.0))  # -inf and NaN: no poison from fptosi below
+            r = builder.fsub(builder.fsub(x, builder.fmul(n, const(EXP_LN2[0]))),
+                             builder.fmul(n, const(EXP_LN2[1])))
+            y = const(EXP_POLY[0])
+            for c in EXP_POLY[1:]:  # Horner, unfused
+                y = builder.fadd(builder.fmul(y, r), const(c))
+            y = builder.fadd(builder.fadd(builder.fmul(builder.fmul(y, r), r), r), const(1.0))
+            two_n = builder.shl(builder.add(builder.fptosi(n, ir.VectorType(i32, 16)),
+                                            const(127, i32)), const(23, i32))
+            e = builder.fmul(y, builder.bitcast(two_n, v16))
+            small = builder.fcmp_ordered("<", x, const(EXP_LOW))
+            return builder.select(small, const(0.0), e)  # below: 0, as exp's float32 rounds
+
+        return lanes16(v, best), codegen
+
+    def fold16(builder, x, op):  # lanes i and i + n/2 by op, n halved, down to one (_dot's tree)
+        n = 16
+        while n > 1:
+            n //= 2
+            lo, hi = halves(builder, x, n)
+            x = op(lo, hi)
+        return builder.extract_element(x, i32(0))
+
+    def maximum(builder, a, b):  # the larger, lane by lane (b where either is NaN: never here)
+        return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+    @intrinsic
+    def max16(typingctx, a, b):
+        return lanes16(a, b), lambda context, builder, sig, args: maximum(builder, *args)
+
+    @intrinsic
+    def add16(typingctx, a, b):
+        return lanes16(a, b), lambda context, builder, sig, args: builder.fadd(*args)
+
+    @intrinsic
+    def hmax16(typingctx, v):
+        return types.float32(v), lambda context, builder, sig, args: fold16(
+            builder, args[0], lambda a, b: maximum(builder, a, b))
+
+    @intrinsic
+    def hsum16(typingctx, v):
+        return types.float32(v), lambda context, builder, sig, args: fold16(
+            builder, args[0], builder.fadd)
+
+    return scores16, exp16, max16, add16, hmax16, hsum16
+
+
+# exp in float32 for the softmax (_exp16, exp_reference): Cephes' expf (S. Moshier), its ranges
+# and coefficients: x = n ln 2 + r, exp(x) = 2^n (1 + r + r^2 p(r)); 0 below EXP_LOW
+EXP_LOG2E = 1.44269504088896341
+EXP_LN2 = (0.693359375, -2.12194440e-4)
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+            1.6666665459e-1, 5.0000001201e-1)
+EXP_LOW = -87.33654  # ~ln of float32's smallest normal: below it, 0
+
+
+def exp_reference(v: np.ndarray, best) -> np.ndarray:
+    """_exp16's arithmetic in NumPy, float32 step by step: exp(v - best), elementwise."""
+    f = np.float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = (v.astype(np.float32) - f(best)).astype(np.float32)
+        n = np.maximum(np.floor(x * f(EXP_LOG2E) + f(0.5)), f(-127.0))
+        n = np.where(np.isnan(n), f(-127.0), n).astype(np.float32)
+        r = (x - n * f(EXP_LN2[0])) - n * f(EXP_LN2[1])
+        y = np.full_like(x, f(EXP_POLY[0]))
+        for c in EXP_POLY[1:]:
+            y = y * r + f(c)
+        y = ((y * r) * r + r) + f(1.0)
+        two_n = ((n.astype(np.int32) + 127) << 23).view(np.float32)
+        return np.where(x < f(EXP_LOW), f(0.0), y * two_n).astype(np.float32)
 
 
 # ---- weights kept as their GGUF blocks -------------------------------------------------------
@@ -1078,49 +1259,39 @@ def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads,
     # row r, query head h (kv head h // G) attends to the slots j <= slots[r] it sees: with a
     # tree, of this call's slots (first..) only those whose bit is set in tree[r]; with a
     # sliding window, only j > positions[r] - window. Softmax over them, then the mean of values.
-    # A head of 64 numbers is one 64-lane value: a score is _dot's sum, the values' mean 64
-    # lanes of fused multiply-adds; another head size takes the loops of one number at a time.
+    # A head of 64 numbers takes _attend_lanes; another head size the loops of one number at a
+    # time below.
     t, _, e = qkv.shape
     g = n_heads // k_cache.shape[0]
     first = slots[0]
     last = 0  # the last slot any row sees (a loop: slots.max() compiles 0.4 s more)
     for r in range(t):
         last = max(last, slots[r])
+    if e == LANES:
+        _attend_lanes(qkv, k_cache, v_cache, positions, slots, tree, has_tree, g, scale,
+                      window, out, first, last)
+        return
     scores = np.empty(last + 1, np.float32)
     acc = np.empty(e, np.float32)
-    lanes = e == LANES
     for r in range(t):
         top = slots[r]
         lo = max(positions[r] - window + 1, 0) if window > 0 else 0
         for h in range(n_heads):
             keys, values = k_cache[h // g], v_cache[h // g]
-            q = _load(qkv[r], h) if lanes else _zero()
             best = np.float32(-np.inf)
             for j in range(lo, top + 1):
                 if has_tree and j >= first and not (tree[r] >> (j - first)) & 1:
                     scores[j] = -np.inf
                     continue
-                if lanes:
-                    s = _dot(q, _load(keys, j))
-                else:
-                    s = np.float32(0)
-                    for i in range(e):
-                        s += qkv[r, h, i] * keys[j, i]
+                s = np.float32(0)
+                for i in range(e):
+                    s += qkv[r, h, i] * keys[j, i]
                 scores[j] = s * scale
                 best = max(best, scores[j])
             total = np.float32(0)
             for j in range(lo, top + 1):
                 scores[j] = np.exp(scores[j] - best)
                 total += scores[j]
-            if lanes:
-                mean = _zero()
-                for j in range(lo, top + 1):
-                    if scores[j] != 0:
-                        mean = _fma(mean, _load(values, j), scores[j])
-                _store(out, r, h * e, mean)
-                for i in range(e):
-                    out[r, h * e + i] /= total
-                continue
             for i in range(e):
                 acc[i] = 0
             for j in range(lo, top + 1):
@@ -1130,6 +1301,73 @@ def _attention(qkv, k_cache, v_cache, positions, slots, tree, has_tree, n_heads,
                         acc[i] += p * values[j, i]
             for i in range(e):
                 out[r, h * e + i] = acc[i] / total
+
+
+def _attend_lanes_kernel(qkv, k_cache, v_cache, positions, slots, tree, has_tree, g, scale,
+                         window, out, first, last):  # pragma: no cover - runs compiled
+    # _attention for heads of 64 numbers, each one 64-lane value. Per row and kv head, each of
+    # its g query heads' scores 16 keys at a time (_scores16: _dot's sums, the last levels of
+    # 16 trees side by side), a masked-out node -inf, their max, exp(score - max) and its sum
+    # 16 at a time (_exp16; the sum of 16 lanes, then their tree); then the mean of the values
+    # for up to 4 of the heads at once: each value read once, each head's 64 sums their own
+    # chain of fused multiply-adds, key by key. Every number is a function of its row alone
+    # (its slot, position and tree bits), not of the rows beside it. Compiled without
+    # fastmath: the order written here is the order computed.
+    n_kv, _, e = k_cache.shape
+    scores = np.empty((g, last + 16), np.float32)  # room for one block of 16 past the last slot
+    totals = np.empty(g, np.float32)
+    for r in range(qkv.shape[0]):
+        end = slots[r] + 1
+        lo = max(positions[r] - window + 1, 0) if window > 0 else 0
+        whole = lo + (end - lo) // 16 * 16  # keys lo..whole - 1 in blocks of 16, then one by one
+        blocks = lo + (end - lo + 15) // 16 * 16  # the scores' blocks of 16 cover lo..blocks - 1
+        for kv in range(n_kv):
+            keys, values = k_cache[kv], v_cache[kv]
+            for a in range(g):
+                q = _load(qkv[r], kv * g + a)
+                for j in range(lo, whole, 16):
+                    _store16(scores, a, j, _scores16(q, keys, j, scale))
+                for j in range(whole, end):
+                    scores[a, j] = _dot(q, _load(keys, j)) * scale
+                if has_tree:
+                    for j in range(max(lo, first), end):
+                        if not (tree[r] >> (j - first)) & 1:
+                            scores[a, j] = -np.inf
+                for j in range(end, blocks):  # the last block's lanes past `end`
+                    scores[a, j] = -np.inf
+                top = _load16(scores, a, lo)
+                for j in range(lo + 16, blocks, 16):
+                    top = _max16(top, _load16(scores, a, j))
+                best = _hmax16(top)
+                sums = _zero16()
+                for j in range(lo, blocks, 16):  # exp(-inf) = 0 past `end`
+                    p = _exp16(_load16(scores, a, j), best)
+                    _store16(scores, a, j, p)
+                    sums = _add16(sums, p)
+                totals[a] = _hsum16(sums)
+            for a in range(0, g, 4):
+                n = min(4, g - a)
+                m0 = m1 = m2 = m3 = _zero()
+                for j in range(lo, end):  # a score of 0 adds 0: the sums stay as they were
+                    v = _load(values, j)
+                    m0 = _fma(m0, v, scores[a, j])
+                    if n > 1:  # the same for every j
+                        m1 = _fma(m1, v, scores[a + 1, j])
+                    if n > 2:
+                        m2 = _fma(m2, v, scores[a + 2, j])
+                    if n > 3:
+                        m3 = _fma(m3, v, scores[a + 3, j])
+                h = kv * g + a
+                _store(out, r, h * e, m0)
+                if n > 1:
+                    _store(out, r, (h + 1) * e, m1)
+                if n > 2:
+                    _store(out, r, (h + 2) * e, m2)
+                if n > 3:
+                    _store(out, r, (h + 3) * e, m3)
+                for b in range(n):
+                    for i in range(e):
+                        out[r, (h + b) * e + i] /= totals[a + b]
 
 
 def _block_front(x, attn_norm_w, wqkv, wo, mlp_norm_w, w_gate, w_up, f, eps, cos, sin, k_cache,

@@ -92,6 +92,78 @@ def test_heads_of_64_take_the_lane_attention_and_equal_the_plain_step(family):
                hidden_tree(plain, [3], tokens, parents, a_cache))
 
 
+@pytest.mark.parametrize("family, config", [
+    ("llama", {"hidden_size": 384, "n_heads": 6, "n_kv_heads": 1}),  # 6 heads a kv head: 4 + 2
+    ("llama", {"hidden_size": 192, "n_heads": 3, "n_kv_heads": 1}),  # SmolLM2's 3
+    ("mistral", {**HEAD_64, "sliding_window": 37})])
+def test_the_lane_attention_over_long_contexts_equals_the_plain_step(family, config):
+    """Contexts of 38..60 keys, so that the scores come 16 keys at a time and then one by one
+    (kernels._attend_lanes; a window of 37 starting past key 0): the plain path's hidden states
+    and keys, and a call's rows bit for bit its one-token steps."""
+    rng = np.random.default_rng(11)
+    config = {"max_position_embeddings": 80, **config}
+    plain = random_model(tiny_config(family, **config), seed=2, scale=0.2)
+    fast = random_model(tiny_config(family, **config), seed=2, scale=0.2)
+    cpu_steps.enable(fast)
+    a_cache, b_cache = plain.new_cache(72), fast.new_cache(72)
+    prompt = rng.integers(0, 48, 38).tolist()
+    plain.hidden_states(prompt, a_cache)
+    fast.hidden_states(prompt, b_cache)
+    for t in (1, 5, 3, 1, 6, 2):
+        toks = rng.integers(0, 48, t).tolist()
+        _close(fast.hidden_states(toks, b_cache), plain.hidden_states(toks, a_cache))
+    n = a_cache.length
+    _close(b_cache.v[:, :, :n], a_cache.v[:, :, :n])
+    toks = rng.integers(0, 48, 5).tolist()
+    together = fast.forward(toks, b_cache)
+    b_cache.rollback(n)
+    alone = np.concatenate([fast.forward([t], b_cache) for t in toks])
+    assert np.array_equal(together, alone)
+
+
+def test_the_lane_attentions_scores_are_dot_products_and_its_exp_its_reference():
+    """kernels._scores16 gives each of 16 keys the score _dot gives it alone, bit for bit;
+    kernels._exp16 is kernels.exp_reference bit for bit (NaN, -inf and the range's edges
+    included), within one ulp of exp on [-87, 0], and 0 below EXP_LOW. Both compiled as
+    _attend_lanes is, without fastmath."""
+    numba = pytest.importorskip("numba")
+    from minispec import kernels
+
+    kernels.compiled()
+
+    @numba.njit(fastmath=False)
+    def scores(q, keys, j, scale, out):
+        v = kernels._load(q, 0)
+        kernels._store16(out, 0, 0, kernels._scores16(v, keys, j, scale))
+        for m in range(16):
+            out[1, m] = kernels._dot(v, kernels._load(keys, j + m)) * scale
+
+    @numba.njit(fastmath=False)
+    def exps(x, best, out):
+        for j in range(0, x.shape[1], 16):
+            kernels._store16(out, 0, j, kernels._exp16(kernels._load16(x, 0, j), best))
+
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        q = (rng.standard_normal((1, 64)) * rng.uniform(0.1, 10)).astype(np.float32)
+        keys = (rng.standard_normal((40, 64)) * rng.uniform(0.1, 10)).astype(np.float32)
+        out = np.zeros((2, 16), np.float32)
+        scores(q, keys, int(rng.integers(0, 25)), np.float32(0.125), out)
+        assert np.array_equal(out[0], out[1])
+    x = np.concatenate([rng.uniform(-100, 0, 4000), np.linspace(-87, 0, 1000),
+                        [-np.inf, np.nan, 0, kernels.EXP_LOW, -87.34, -1e-30, -103, 1e-3],
+                        np.zeros(8)]).astype(np.float32)[None]
+    got = np.empty_like(x)
+    exps(x, np.float32(0.5), got)
+    assert np.array_equal(got, kernels.exp_reference(x, 0.5), equal_nan=True)
+    y = (x - np.float32(0.5)).astype(np.float64)  # the difference _exp16 takes the exp of
+    inside = (y >= -87) & (y <= 0)
+    true = np.exp(y[inside])
+    assert np.all(np.abs(got[inside] - true) <= np.spacing(true.astype(np.float32)))
+    assert not got[np.nan_to_num(y, nan=0) < kernels.EXP_LOW].any()
+    assert np.isnan(got[np.isnan(y)]).all()
+
+
 TREES = [(1, [-1, 0, 0, 1, 1, 2, 3]),  # (prefix length, parents): Medusa's 2,2,1,1 shape
          (3, [-1, -1, 0, 0, 1, 4, 5, 5]),
          (0, [-1, 0, -1, 2, 0])]
