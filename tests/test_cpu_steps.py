@@ -60,6 +60,17 @@ def test_the_cpu_step_equals_the_plain_step(family):
     _close(b_cache.v[:, :, :n], a_cache.v[:, :, :n])
 
 
+def _assert_a_call_is_its_steps(model, cache, toks):
+    """One call of `toks` gives each row the logits its own one-token step gives it, bit for
+    bit; the cache is left as it was."""
+    n = cache.length
+    together = model.forward(toks, cache)
+    cache.rollback(n)
+    alone = np.concatenate([model.forward([t], cache) for t in toks])
+    cache.rollback(n)
+    assert np.array_equal(together, alone)
+
+
 HEAD_64 = {"hidden_size": 128, "n_heads": 2, "n_kv_heads": 1}  # head_dim 64: one 64-lane value
 
 
@@ -79,11 +90,7 @@ def test_heads_of_64_take_the_lane_attention_and_equal_the_plain_step(family):
         _close(b, a)
     n = a_cache.length
     _close(b_cache.k[:, :, :n], a_cache.k[:, :, :n])
-    toks = rng.integers(0, 48, 4).tolist()
-    together = fast.forward(toks, b_cache)
-    b_cache.rollback(n)
-    alone = np.concatenate([fast.forward([t], b_cache) for t in toks])
-    assert np.array_equal(together, alone)
+    _assert_a_call_is_its_steps(fast, b_cache, rng.integers(0, 48, 4).tolist())
     if family == "llama":
         b_cache.rollback(n)
         a_cache.rollback(n)
@@ -114,11 +121,7 @@ def test_the_lane_attention_over_long_contexts_equals_the_plain_step(family, con
         _close(fast.hidden_states(toks, b_cache), plain.hidden_states(toks, a_cache))
     n = a_cache.length
     _close(b_cache.v[:, :, :n], a_cache.v[:, :, :n])
-    toks = rng.integers(0, 48, 5).tolist()
-    together = fast.forward(toks, b_cache)
-    b_cache.rollback(n)
-    alone = np.concatenate([fast.forward([t], b_cache) for t in toks])
-    assert np.array_equal(together, alone)
+    _assert_a_call_is_its_steps(fast, b_cache, rng.integers(0, 48, 5).tolist())
 
 
 def test_the_lane_attentions_scores_are_dot_products_and_its_exp_its_reference():
