@@ -220,10 +220,16 @@ def few_rows_matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 def _run_kernel(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], w.shape[1]), dtype=np.float32)  # [T, D_out]
     tiles = kernel_weight(w)
-    product = (_loops.block_product if tiles.dtype == np.uint8 else
-               _loops.int8_product if tiles.dtype == np.int8 else _loops.product)
-    product(np.ascontiguousarray(x), tiles, y)
+    product_for(tiles)(np.ascontiguousarray(x), tiles, y)
     return y
+
+
+def product_for(tiles: np.ndarray):
+    """The compiled product that reads these tiles (kernel_weight's): the block product for GGUF
+    blocks' (uint8), the int8 product for int8 activations' (int8), else the float product."""
+    _compiled()
+    return (_loops.block_product if tiles.dtype == np.uint8 else
+            _loops.int8_product if tiles.dtype == np.int8 else _loops.product)
 
 
 _TILES: dict[int, tuple[weakref.ref, np.ndarray]] = {}  # id(w) -> (w, the tiles of w)
@@ -293,7 +299,6 @@ def keep_blocks(w: np.ndarray, blocks: np.ndarray, int8: bool = False) -> None:
         _keep_tiles(w, block_tiles(blocks))
 
 
-
 def int8_supported() -> bool:
     """Whether this machine runs the int8 product: numba, and AVX-512 VNNI (vpdpbusd)."""
     if not _compiled():
@@ -303,16 +308,20 @@ def int8_supported() -> bool:
     return "+avx512vnni" in _cpu_features()
 
 
+def _kept_tiles_dtype(w):
+    """The dtype of the tiles kept for w (kernel_weight), or None where none are."""
+    hit = _TILES.get(id(w))
+    return hit[1].dtype if hit is not None and hit[0]() is w else None
+
+
 def kept_as_blocks(w) -> bool:
     """Whether the kernel reads w from its GGUF blocks (keep_blocks)."""
-    hit = _TILES.get(id(w))
-    return hit is not None and hit[0]() is w and hit[1].dtype in (np.uint8, np.int8)
+    return _kept_tiles_dtype(w) in (np.uint8, np.int8)
 
 
 def kept_for_int8(w) -> bool:
     """Whether every product with w multiplies int8 activations (keep_blocks, int8=True)."""
-    hit = _TILES.get(id(w))
-    return hit is not None and hit[0]() is w and hit[1].dtype == np.int8
+    return _kept_tiles_dtype(w) == np.int8
 
 
 def stored_bytes(w) -> int:

@@ -290,6 +290,36 @@ def _vector_type(name: str, vec):
     return Vector()
 
 
+def _splat(builder, value, vec):
+    """LLVM IR: the scalar `value` in every lane of a vector of type `vec`."""
+    from llvmlite import ir
+
+    lanes = ir.VectorType(ir.IntType(32), vec.count)
+    one = builder.insert_element(ir.Constant(vec, ir.Undefined), value, ir.IntType(32)(0))
+    return builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
+                                  ir.Constant(lanes, [0] * vec.count))
+
+
+def _split(builder, x, n):
+    """LLVM IR: lanes 0..n-1 of the vector x and lanes n..2n-1, as two vectors of n."""
+    from llvmlite import ir
+
+    return [builder.shuffle_vector(x, ir.Constant(x.type, ir.Undefined), ir.Constant(
+        ir.VectorType(ir.IntType(32), n), list(range(k, k + n)))) for k in (0, n)]
+
+
+def _tree(builder, x, op):
+    """LLVM IR: the lanes of x combined by op in a fixed tree, lane i with lane i + n/2, n
+    halved, down to one -> that lane (_dot's sum, and the attention's max and sum)."""
+    from llvmlite import ir
+
+    n = x.type.count
+    while n > 1:
+        n //= 2
+        x = op(*_split(builder, x, n))
+    return builder.extract_element(x, ir.IntType(32)(0))
+
+
 def _lanes_intrinsics(numba, width=LANES):
     """numba functions on a value of 64 float32 lanes (an LLVM <64 x float>, which LLVM keeps in
     4 vector registers): `_zero()`; `_load(tile, i)` the 64 weights tile[i, :] as float32 (a
@@ -334,12 +364,12 @@ def _lanes_intrinsics(numba, width=LANES):
             return builder.fpext(builder.bitcast(raw, ir.VectorType(ir.HalfType(), width)),
                                  vec)
         # bfloat16's bits, in BF16_ORDER: pairs (c, c + 16) of each 32 outputs as one int32
-        top = ir.Constant(ir.VectorType(i32, width // 2 if width == LANES else width),
-                          [-65536] * (width // 2 if width == LANES else width))  # 0xFFFF0000
+        n = width // 2 if width == LANES else width  # int32 pairs read
+        top = ir.Constant(ir.VectorType(i32, n), [-65536] * n)  # 0xFFFF0000
         if width == LANES:  # 32 pairs: the low halves shifted up, the high halves kept
             pairs = builder.load(pointer(context, builder, sig.args[0], args[0], index,
                                          top.type), align=2)
-            low = builder.shl(pairs, ir.Constant(top.type, [16] * (width // 2)))
+            low = builder.shl(pairs, ir.Constant(top.type, [16] * n))
             high = builder.and_(pairs, top)
             order = [g + c for g in (0, 32, 16, 48) for c in range(16)]  # back in order
             wide = builder.shuffle_vector(low, high, ir.Constant(ir.VectorType(i32, width),
@@ -352,10 +382,8 @@ def _lanes_intrinsics(numba, width=LANES):
         pairs = builder.load(pointer(context, builder, sig.args[0], args[0], index, top.type),
                              align=2)
         shift = builder.trunc(builder.sub(c64(16), builder.and_(column, c64(16))), i32)
-        splat = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(top.type, ir.Undefined), shift, i32(0)),
-            ir.Constant(top.type, ir.Undefined), ir.Constant(top.type, [0] * width))
-        return builder.bitcast(builder.and_(builder.shl(pairs, splat), top), vec)
+        return builder.bitcast(builder.and_(builder.shl(pairs, _splat(builder, shift, top.type)),
+                                            top), vec)
 
     @intrinsic
     def load(typingctx, tile, i):
@@ -372,11 +400,9 @@ def _lanes_intrinsics(numba, width=LANES):
     @intrinsic
     def fma(typingctx, s, w, u):
         def codegen(context, builder, sig, args):
-            one = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], i32(0))
-            every = builder.shuffle_vector(one, ir.Constant(vec, ir.Undefined),
-                                           ir.Constant(ir.VectorType(i32, width), [0] * width))
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(vec, [vec, vec, vec]), f"llvm.fma.v{width}f32")
+            every = _splat(builder, args[2], vec)
             return builder.call(fn, [args[1], every, args[0]])  # w * u + s, rounded once
 
         return lanes(s, w, u), codegen
@@ -389,10 +415,7 @@ def _lanes_intrinsics(numba, width=LANES):
             cols = cgutils.unpack_tuple(builder, ary.shape, 2)[1]
             left = builder.trunc(builder.sub(cols, args[2]), i32)  # columns from col on
             lane = ir.Constant(ir.VectorType(i32, width), list(range(width)))
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(lane.type, ir.Undefined), left, i32(0)),
-                ir.Constant(lane.type, ir.Undefined), ir.Constant(lane.type, [0] * width))
-            mask = builder.icmp_signed("<", lane, splat)
+            mask = builder.icmp_signed("<", lane, _splat(builder, left, lane.type))
             fn = cgutils.get_or_insert_function(
                 builder.module,
                 ir.FunctionType(ir.VoidType(), [vec, ptr.type, i32, mask.type]),
@@ -425,19 +448,8 @@ def _lanes_intrinsics(numba, width=LANES):
 
     @intrinsic
     def dot(typingctx, a, b):
-        def codegen(context, builder, sig, args):
-            x = builder.fmul(args[0], args[1])
-            n = width
-            while n > 1:  # a fixed tree: lanes i and i + n/2 added, n halved, down to one
-                n //= 2
-                half = ir.VectorType(f32, n)
-                lo, hi = (builder.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
-                                                 ir.Constant(ir.VectorType(i32, n),
-                                                             list(range(k, k + n))))
-                          for k in (0, n))
-                x = builder.fadd(lo, hi)
-                assert x.type == half
-            return builder.extract_element(x, i32(0))
+        def codegen(context, builder, sig, args):  # the products, summed in _tree's order
+            return _tree(builder, builder.fmul(args[0], args[1]), builder.fadd)
 
         return types.float32(a, b), codegen
 
@@ -459,11 +471,6 @@ def _attention_intrinsics(numba, lanes, lanes16):
     f32, i32 = ir.FloatType(), ir.IntType(32)
     v64, v16 = ir.VectorType(f32, LANES), ir.VectorType(f32, 16)
 
-    def halves(builder, x, n):  # lanes 0..n-1 of x and lanes n..2n-1, as two vectors of n
-        return [builder.shuffle_vector(x, ir.Constant(x.type, ir.Undefined),
-                                       ir.Constant(ir.VectorType(i32, n), list(range(k, k + n))))
-                for k in (0, n)]
-
     @intrinsic
     def scores16(typingctx, q, keys, j, scale):
         def codegen(context, builder, sig, args):
@@ -477,8 +484,7 @@ def _attention_intrinsics(numba, lanes, lanes16):
                 x = builder.fmul(q, builder.load(builder.bitcast(at, v64.as_pointer()),
                                                  align=4))
                 for n in (32, 16):
-                    lo, hi = halves(builder, x, n)
-                    x = builder.fadd(lo, hi)
+                    x = builder.fadd(*_split(builder, x, n))
                 parts.append(x)
             width = 16  # then 16 -> 8 -> 4 -> 2 -> 1 for all: two vectors, each of p keys'
             while width > 1:  # `width` partial sums, become one of 2p keys' width / 2 sums
@@ -492,10 +498,7 @@ def _attention_intrinsics(numba, lanes, lanes16):
                          builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 16), high)))
                          for a, b in zip(parts[::2], parts[1::2])]
                 width = half
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(v16, ir.Undefined), scale, i32(0)),
-                ir.Constant(v16, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
-            return builder.fmul(parts[0], splat)
+            return builder.fmul(parts[0], _splat(builder, scale, v16))
 
         if not (isinstance(keys, types.Array) and keys.dtype == types.float32
                 and keys.ndim == 2):
@@ -513,10 +516,7 @@ def _attention_intrinsics(numba, lanes, lanes16):
                     builder.module, ir.FunctionType(v16, [v16] * len(xs)), f"llvm.{name}.v16f32")
                 return builder.call(fn, list(xs))
 
-            splat = builder.shuffle_vector(
-                builder.insert_element(ir.Constant(v16, ir.Undefined), args[1], i32(0)),
-                ir.Constant(v16, ir.Undefined), ir.Constant(ir.VectorType(i32, 16), [0] * 16))
-            x = builder.fsub(args[0], splat)
+            x = builder.fsub(args[0], _splat(builder, args[1], v16))
             # x = n ln 2 + r, |r| <= ln 2 / 2 (ln 2 in two parts: n * the first is exact)
             n = call("floor", builder.fadd(builder.fmul(x, const(EXP_LOG2E)), const(0.5)))
             n = call("maxnum", n, const(-127.0))  # -inf and NaN: no poison from fptosi below
@@ -534,14 +534,6 @@ def _attention_intrinsics(numba, lanes, lanes16):
 
         return lanes16(v, best), codegen
 
-    def fold16(builder, x, op):  # lanes i and i + n/2 by op, n halved, down to one (_dot's tree)
-        n = 16
-        while n > 1:
-            n //= 2
-            lo, hi = halves(builder, x, n)
-            x = op(lo, hi)
-        return builder.extract_element(x, i32(0))
-
     def maximum(builder, a, b):  # the larger, lane by lane (b where either is NaN: never here)
         return builder.select(builder.fcmp_ordered(">", a, b), a, b)
 
@@ -555,12 +547,12 @@ def _attention_intrinsics(numba, lanes, lanes16):
 
     @intrinsic
     def hmax16(typingctx, v):
-        return types.float32(v), lambda context, builder, sig, args: fold16(
+        return types.float32(v), lambda context, builder, sig, args: _tree(
             builder, args[0], lambda a, b: maximum(builder, a, b))
 
     @intrinsic
     def hsum16(typingctx, v):
-        return types.float32(v), lambda context, builder, sig, args: fold16(
+        return types.float32(v), lambda context, builder, sig, args: _tree(
             builder, args[0], builder.fadd)
 
     return scores16, exp16, max16, add16, hmax16, hsum16
@@ -580,8 +572,7 @@ def exp_reference(v: np.ndarray, best) -> np.ndarray:
     f = np.float32
     with np.errstate(invalid="ignore", over="ignore"):
         x = (v.astype(np.float32) - f(best)).astype(np.float32)
-        n = np.maximum(np.floor(x * f(EXP_LOG2E) + f(0.5)), f(-127.0))
-        n = np.where(np.isnan(n), f(-127.0), n).astype(np.float32)
+        n = np.fmax(np.floor(x * f(EXP_LOG2E) + f(0.5)), f(-127.0))  # maxnum: NaN -> -127
         r = (x - n * f(EXP_LN2[0])) - n * f(EXP_LN2[1])
         y = np.full_like(x, f(EXP_POLY[0]))
         for c in EXP_POLY[1:]:
@@ -1112,11 +1103,6 @@ def _int8_intrinsics(numba, lanes):
     v16, b64 = ir.VectorType(i32, 16), ir.VectorType(i8, 64)
     ilanes = _vector_type(f"int32x{LANES}", ivec)
 
-    def splat(builder, v, ty, n):
-        one = builder.insert_element(ir.Constant(ty, ir.Undefined), v, i32(0))
-        return builder.shuffle_vector(one, ir.Constant(ty, ir.Undefined),
-                                      ir.Constant(ir.VectorType(i32, n), [0] * n))
-
     def pointer(context, builder, sig, args, at, to, wraparound=True):  # &tiles[k, b, at]
         arr = context.make_array(sig.args[0])(context, builder, args[0])
         ptr = cgutils.get_item_pointer(context, builder, sig.args[0], arr, [*args[1:3], at],
@@ -1167,7 +1153,7 @@ def _int8_intrinsics(numba, lanes):
                                    align=1)
                 runs += [builder.and_(raw, ir.Constant(b64, [15] * 64)),
                          builder.lshr(raw, ir.Constant(b64, [4] * 64))]
-            return dots(builder, acc, runs, splat(builder, args[5], v16, 16), True)
+            return dots(builder, acc, runs, _splat(builder, args[5], v16), True)
 
         return (ilanes(acc, tiles, k, b, at, xw), codegen) if tiles_of_int8(tiles) else None
 
@@ -1180,7 +1166,7 @@ def _int8_intrinsics(numba, lanes):
                 off = builder.add(args[4], ir.Constant(args[4].type, 64 * h))
                 runs.append(builder.load(pointer(context, builder, inner, args[1:4], off, b64),
                                          align=1))
-            return dots(builder, args[0], runs, splat(builder, args[5], v16, 16), False)
+            return dots(builder, args[0], runs, _splat(builder, args[5], v16), False)
 
         return (ilanes(acc, tiles, k, b, at, xw), codegen) if tiles_of_int8(tiles) else None
 
@@ -1195,9 +1181,9 @@ def _int8_intrinsics(numba, lanes):
             y = builder.load(ptr, align=4)
             dx = context.cast(builder, dx, sig.args[5], types.float32)
             sx = context.cast(builder, sx, sig.args[6], types.float32)
-            scaled = builder.fmul(d, splat(builder, dx, vec, LANES))
+            scaled = builder.fmul(d, _splat(builder, dx, vec))
             y = builder.fadd(y, builder.fmul(scaled, builder.sitofp(acc, vec)))
-            y = builder.fadd(y, builder.fmul(m, splat(builder, sx, vec, LANES)))
+            y = builder.fadd(y, builder.fmul(m, _splat(builder, sx, vec)))
             builder.store(y, ptr, align=4)
             return context.get_dummy_value()
 

@@ -39,12 +39,13 @@ from ..backend import (
     get_blas_threads,
     kept_as_blocks,
     kernel_weight,
+    product_for,
     set_blas_threads,
     stored_bytes,
 )
 from ..core.speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
 from ..errors import MinispecError
-from ..kernels import LANES, compiled
+from ..kernels import LANES
 
 # ---------------------------------------------------------------------------------------------
 # the theory (Leviathan et al. 2023, section 3)
@@ -269,8 +270,7 @@ def arithmetic_per_token(model, rows: int = 8, cut_bytes: int = 2**18, repeats: 
             tiles = kernel_weight(m)  # [ceil(D_out / 64), D_in / 32, bytes]
             n_tiles = max(1, min(tiles.shape[0], cut_bytes // tiles[0].nbytes))
             cut, n = tiles[:n_tiles], n_tiles * LANES
-            loops = compiled()  # int8 tiles: the int8 product (backend.keep_blocks)
-            product = loops.int8_product if tiles.dtype == np.int8 else loops.block_product
+            product = product_for(tiles)  # the block product, or the int8 one
             y = np.empty((rows, n), np.float32)
 
             def call(x=x, cut=cut, y=y, product=product):
