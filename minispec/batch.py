@@ -212,16 +212,22 @@ class LoadAwareGamma:
     started from a prior of `alpha0` worth `prior` tested drafts. The choice uses an optimistic
     alpha, one standard error above that estimate: a policy that switched speculation off on a
     pessimistic prior would never draft again and never learn it was wrong; as drafts are
-    tested the margin shrinks and the choice settles on the measured alpha. The choice depends
-    only on rounds already verified, so the output stays exact.
+    tested the margin shrinks and the choice settles on the measured alpha.
+
+    Turning speculation on or off has a price the costs leave out (the first rounds after the
+    switch run slower, a draft model first reads the tokens it missed), and where the two modes
+    are close, flipping between them costs more than either: the policy switches only for a
+    rate `stay` above the current mode's best. The choice depends only on rounds already
+    verified, so the output stays exact.
     """
 
     def __init__(self, costs: BatchCosts, max_gamma: int = 8, alpha0: float = 0.7,
-                 prior: float = 20.0) -> None:
+                 prior: float = 20.0, stay: float = 0.05) -> None:
         self.costs = costs
         self.max_gamma = min(max_gamma, costs.max_gamma)
         self.accepted, self.tested = alpha0 * prior, prior
-        self.gamma = 0
+        self.gamma: int | None = None  # the last round's (None before the first)
+        self.stay = stay
 
     @property
     def alpha(self) -> float:
@@ -235,13 +241,19 @@ class LoadAwareGamma:
     def rate(self, gamma: int, B: int, alpha: float | None = None) -> float:
         """Expected new tokens per second with this gamma at batch size B (at the optimistic
         alpha unless one is given)."""
-        c = self.costs
         alpha = self.alpha_optimistic if alpha is None else alpha
         tokens = B * expected_tokens_per_call(min(alpha, 1.0), gamma)
-        return tokens / c.t_round(B, gamma)
+        return tokens / self.costs.t_round(B, gamma)
 
     def choose(self, B: int) -> int:
-        self.gamma = max(range(self.max_gamma + 1), key=lambda g: self.rate(g, B))
+        """The gamma of the most tokens a second at batch size B, keeping the last round's mode
+        (speculation on or off) while its best is within `stay` of that."""
+        rates = [self.rate(g, B) for g in range(self.max_gamma + 1)]
+        best = int(np.argmax(rates))
+        if self.gamma is not None and (best > 0) != (self.gamma > 0):
+            same = int(np.argmax(rates[1:])) + 1 if self.gamma else 0
+            best = same if rates[same] >= (1 - self.stay) * rates[best] else best
+        self.gamma = best
         return self.gamma
 
     def update(self, depth: int, accepted: int) -> None:
@@ -261,7 +273,10 @@ TIMED_GAMMAS = (0, 1, 2, 4)  # the rounds' gammas timed besides max_gamma (time_
 # before timing a gamma's rounds, untimed rounds at that gamma for WARM_UP_S seconds (at most
 # WARM_UP_ROUNDS): on a shared CPU the rounds after other work run up to twice as slow as the
 # loop's steady ones (the shipped pair, batch 4: a plain round 3.0-4.0 ms in a run of plain
-# rounds, 5.8-6.8 ms right after a speculative one; batch 1, gamma 4: 6.0 -> 3.5 ms over ten)
+# rounds, 5.8-6.8 ms right after a speculative one; batch 1, gamma 4: 6.0 -> 3.5 ms over ten).
+# Plain rounds (gamma 0), the cheapest, always get all WARM_UP_ROUNDS: after the prompt's round
+# they slow most, and longest (the shipped pair, batch 8: 6.0, 5.3, 4.8, 4.2, 4.0, 3.6, then
+# 3.4 ms from the eighth on; batch 16: 8.7 ms down to 6.9 at the eighth)
 WARM_UP_S, WARM_UP_ROUNDS = 0.03, 8
 # then timed rounds: at least `repeats`, more while they add up to less than TIMED_S seconds (at
 # most TIMED_ROUNDS); their median is the gamma's cost
@@ -350,9 +365,9 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     tokens each, as BatchDecoder.step plays it (what LoadAwareGamma weighs).
 
     B copies of a `context`-token prompt are read in a first, untimed round; then for each
-    gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S: the loop's
-    steady state, where a policy that settles on a gamma runs), then timed rounds (`repeats`,
-    or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
+    gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S, all
+    WARM_UP_ROUNDS at gamma 0: the loop's steady state, where a policy that settles on a gamma
+    runs), then timed rounds (`repeats`, or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
     the line through them by the median of the pairwise slopes (Theil-Sen: one slow round
     moves it little); gamma 0, a round without drafting, stands apart: it is timed first and
     again last, the lower kept. Sizes are then made monotone as `calibrate`'s calls are: a
@@ -394,7 +409,7 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
             warm = time.perf_counter() + WARM_UP_S
             for _ in range(WARM_UP_ROUNDS):  # untimed: the first rounds at a gamma run slower
                 decoder.step()
-                if time.perf_counter() > warm:
+                if g and time.perf_counter() > warm:
                     break
             times = []
             while len(times) < repeats or (sum(times) < TIMED_S and len(times) < TIMED_ROUNDS):

@@ -247,6 +247,30 @@ def test_load_aware_weighs_whole_rounds_where_they_were_timed():
     assert LoadAwareGamma(BatchCosts(rounds={1: {0: 1.0, 1: 1.1}}), max_gamma=8).max_gamma == 1
 
 
+def test_load_aware_turns_speculation_on_or_off_only_for_a_clear_gain():
+    # batch 4: drafting 2 a round (1.0 s, 2.44 tokens a sequence at alpha 0.8) against plain
+    # rounds; a switch of mode needs a rate 5% (stay) above the current mode's best, while
+    # within drafting the best gamma is taken at once
+    def policy(plain_s):
+        rounds = {4: {0: plain_s, 1: 0.8, 2: 1.0, 3: 1.4}}
+        p = LoadAwareGamma(BatchCosts(rounds=rounds), alpha0=0.8, prior=10, stay=0.05)
+        p.accepted, p.tested = 0.8e9, 1e9  # alpha 0.8, known
+        return p
+
+    assert policy(0.42).rate(0, 4) == pytest.approx(4 / 0.42)
+    close = policy(0.42)  # plain 9.52 tokens/s against 9.76 drafting 2: within 5%
+    assert close.gamma is None and close.choose(4) == 2  # the first round takes the best
+    close.gamma = 0
+    assert close.choose(4) == 0  # off stays off
+    clear = policy(0.48)  # plain 8.33 against 9.76: 17% more drafting
+    clear.gamma = 0
+    assert clear.choose(4) == 2
+    on = policy(0.40)  # plain 10.0 against 9.76 drafting 2: on stays on, at its best gamma
+    on.gamma = 3
+    assert on.choose(4) == 2
+    assert policy(0.30).choose(4) == 0 and policy(0.30).rate(0, 4) > 1.05 * 9.76  # clearly off
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
     target = random_model(tiny_config(max_position_embeddings=256), seed=0, scale=0.5)
