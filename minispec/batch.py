@@ -367,11 +367,11 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     B copies of a `context`-token prompt are read in a first, untimed round; then for each
     gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S, all
     WARM_UP_ROUNDS at gamma 0: the loop's steady state, where a policy that settles on a gamma
-    runs), then timed rounds (`repeats`, or more up to TIMED_S), their median kept. Rounds that draft cost a + b gamma,
-    the line through them by the median of the pairwise slopes (Theil-Sen: one slow round
-    moves it little); gamma 0, a round without drafting, stands apart: it is timed first and
-    again last, the lower kept. Sizes are then made monotone as `calibrate`'s calls are: a
-    larger batch never costs less.
+    runs), then timed rounds (`repeats`, or more up to TIMED_S), their median kept. Rounds
+    that draft cost a + b gamma, the line through them by the median of the pairwise slopes
+    (Theil-Sen: one slow round moves it little); gamma 0, a round without drafting, stands
+    apart: it is timed first and again last, the lower kept. Sizes are then made monotone as
+    `calibrate`'s calls are: a larger batch never costs less.
 
     The rounds are the loop's own: the drafter's steps with a warp and a draw per draft, the
     target call, every sequence's verify, and the weights as warm as a round leaves them. A
