@@ -114,6 +114,14 @@ def batched_target_forward(target: Model, unseen_lists, drafts, caches) -> list:
     return out
 
 
+def batch_drafter(target: Model, drafter) -> Drafter:
+    """The Drafter a batch drafts with: a draft Model as make_drafter("model") makes it (its
+    chain in one call where the CPU step serves, its greedy vocabulary), else as_drafter's."""
+    if isinstance(drafter, Model) and isinstance(target, Model):
+        return make_drafter("model", target, draft_model=drafter)
+    return as_drafter(target, drafter)
+
+
 def draft_step(drafter: Drafter):
     """What one draft step of `drafter` runs, for timing (`calibrate`, minispec/measure/):
     (model, layers), the model's first `layers` layers (None: all) and its head, or None for a
@@ -276,8 +284,10 @@ TIMED_GAMMAS = (0, 1, 2, 4)  # the rounds' gammas timed besides max_gamma (time_
 # rounds, 5.8-6.8 ms right after a speculative one; batch 1, gamma 4: 6.0 -> 3.5 ms over ten).
 # Plain rounds (gamma 0), the cheapest, always get all WARM_UP_ROUNDS: after the prompt's round
 # they slow most, and longest (the shipped pair, batch 8: 6.0, 5.3, 4.8, 4.2, 4.0, 3.6, then
-# 3.4 ms from the eighth on; batch 16: 8.7 ms down to 6.9 at the eighth)
-WARM_UP_S, WARM_UP_ROUNDS = 0.03, 8
+# 3.4 ms from the eighth on; batch 16: 8.7 ms down to 6.9 at the eighth). Every gamma gets at
+# least WARM_UP_LEAST: the first drafting round reads the whole context into a draft model's
+# cache (the shipped pair, batch 1: 183 ms, 21 ms, 3.2 ms, then 1.8-2.1 ms at gamma 2)
+WARM_UP_S, WARM_UP_ROUNDS, WARM_UP_LEAST = 0.03, 8, 3
 # then timed rounds: at least `repeats`, more while they add up to less than TIMED_S seconds (at
 # most TIMED_ROUNDS); their median is the gamma's cost
 TIMED_S, TIMED_ROUNDS = 0.02, 6
@@ -365,9 +375,10 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     tokens each, as BatchDecoder.step plays it (what LoadAwareGamma weighs).
 
     B copies of a `context`-token prompt are read in a first, untimed round; then for each
-    gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S, all
-    WARM_UP_ROUNDS at gamma 0: the loop's steady state, where a policy that settles on a gamma
-    runs), then timed rounds (`repeats`, or more up to TIMED_S), their median kept. Rounds
+    gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S, at least
+    WARM_UP_LEAST, all WARM_UP_ROUNDS at gamma 0: the loop's steady state, where a policy that
+    settles on a gamma runs), then timed rounds (`repeats`, or more up to TIMED_S), their
+    median kept. Rounds
     that draft cost a + b gamma, the line through them by the median of the pairwise slopes
     (Theil-Sen: one slow round moves it little); gamma 0, a round without drafting, stands
     apart: it is timed first and again last, the lower kept. Sizes are then made monotone as
@@ -379,7 +390,7 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     drafts, as the calls' sum takes it: the synthetic prompt gives a lookup nothing to copy.
     The sequences grow by at most gamma + 1 tokens a round; a short context times less.
     """
-    drafter = as_drafter(target, drafter)
+    drafter = batch_drafter(target, drafter)  # the decoder's own: a chain in one call
     if draft_step(drafter) is None:
         drafter = _FreeDrafts(target)
     limit = target.config.max_position_embeddings
@@ -407,9 +418,9 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
             for s in decoder.live:
                 s.policy.gamma = g
             warm = time.perf_counter() + WARM_UP_S
-            for _ in range(WARM_UP_ROUNDS):  # untimed: the first rounds at a gamma run slower
+            for i in range(WARM_UP_ROUNDS):  # untimed: the first rounds at a gamma run slower
                 decoder.step()
-                if g and time.perf_counter() > warm:
+                if g and i + 1 >= WARM_UP_LEAST and time.perf_counter() > warm:
                     break
             times = []
             while len(times) < repeats or (sum(times) < TIMED_S and len(times) < TIMED_ROUNDS):
@@ -480,9 +491,7 @@ class BatchDecoder:
     def __init__(self, target: Model, drafter, sampling: Sampling, *, gamma=DEFAULT_GAMMA,
                  verify=minispec_verify, costs: BatchCosts | None = None,
                  max_batch: int | None = None) -> None:
-        if isinstance(drafter, Model) and isinstance(target, Model):  # one call a chain, and
-            drafter = make_drafter("model", target, draft_model=drafter)  # its greedy vocabulary
-        self.drafter = NoDrafter(target) if drafter is None else as_drafter(target, drafter)
+        self.drafter = NoDrafter(target) if drafter is None else batch_drafter(target, drafter)
         self.target, self.sampling, self.verify = target, sampling, verify
         self.gamma = gamma
         self.load_aware = None

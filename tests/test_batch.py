@@ -287,6 +287,27 @@ def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
     assert max(time_rounds(TARGET, CLOSE, Sampling(), batch_sizes=(1,), repeats=1)[1]) < 8
 
 
+def test_rounds_are_timed_with_the_drafter_the_decoder_plays(monkeypatch):
+    # a draft Model becomes make_drafter("model")'s drafter in the decoder (its chain in one
+    # call where the CPU step serves); calibrate's rounds must time that one, not the core's
+    # ModelDrafter (on the shipped pair that timed a batch-1 round drafting 4 at 2.0 plain
+    # rounds where the decoder plays it at 1.6, and the policy drafted 2 where 4 won)
+    import minispec.batch as batch
+
+    made = []
+    init = batch.BatchDecoder.__init__
+
+    def spy(self, target, drafter, *args, **kwargs):
+        init(self, target, drafter, *args, **kwargs)
+        made.append(type(self.drafter))
+
+    monkeypatch.setattr(batch.BatchDecoder, "__init__", spy)
+    time_rounds(TARGET, CLOSE, Sampling(), batch_sizes=(1,), max_gamma=2, context=8, repeats=1)
+    BatchDecoder(TARGET, CLOSE, Sampling(), gamma=2)
+    assert made[0] is made[-1] is type(make_drafter("model", TARGET, draft_model=CLOSE))
+    assert made[0] is not ModelDrafter
+
+
 def test_load_aware_calibrates_only_the_batch_sizes_it_can_meet():
     """A batch never grows past its prompts: generate_batch times batch sizes 1..len(prompts),
     not 1..32."""
