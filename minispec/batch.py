@@ -217,10 +217,11 @@ class LoadAwareGamma:
     cold in the caches between the calls, which timing the calls alone leaves out.
 
     alpha is the per-token acceptance accepted / (accepted + rejections) of the rounds so far,
-    started from a prior of `alpha0` worth `prior` tested drafts. The choice uses an optimistic
-    alpha, one standard error above that estimate: a policy that switched speculation off on a
-    pessimistic prior would never draft again and never learn it was wrong; as drafts are
-    tested the margin shrinks and the choice settles on the measured alpha.
+    started from a prior of `alpha0` worth `prior` tested drafts. Whether to draft at all is
+    decided at an optimistic alpha, one standard error above that estimate: a policy that
+    switched speculation off on a pessimistic prior would never draft again and never learn it
+    was wrong; as drafts are tested the margin shrinks. How many to draft is decided at the
+    estimate itself: any gamma measures alpha, and optimism would lengthen the chains.
 
     Turning speculation on or off has a price the costs leave out (the first rounds after the
     switch run slower, a draft model first reads the tokens it missed), and where the two modes
@@ -254,14 +255,20 @@ class LoadAwareGamma:
         return tokens / self.costs.t_round(B, gamma)
 
     def choose(self, B: int) -> int:
-        """The gamma of the most tokens a second at batch size B, keeping the last round's mode
-        (speculation on or off) while its best is within `stay` of that."""
-        rates = [self.rate(g, B) for g in range(self.max_gamma + 1)]
-        best = int(np.argmax(rates))
-        if self.gamma is not None and (best > 0) != (self.gamma > 0):
-            same = int(np.argmax(rates[1:])) + 1 if self.gamma else 0
-            best = same if rates[same] >= (1 - self.stay) * rates[best] else best
-        self.gamma = best
+        """The gamma of the next round at batch size B: speculation on where its best rate at
+        the optimistic alpha beats plain decoding's (the last round's mode kept while its rate
+        is within `stay` of the other's), and then the gamma of the best rate at the measured
+        alpha. Optimism is for trying speculation at all; every drafting gamma measures alpha
+        alike, and an optimistic alpha would favour long chains (their tokens grow fastest
+        with it)."""
+        off = self.rate(0, B)
+        on = max((self.rate(g, B) for g in range(1, self.max_gamma + 1)), default=0.0)
+        drafting = on > off
+        if self.gamma is not None and drafting != (self.gamma > 0):
+            mine, other = (on, off) if self.gamma > 0 else (off, on)
+            drafting = drafting if mine < (1 - self.stay) * other else not drafting
+        self.gamma = 0 if not drafting else max(
+            range(1, self.max_gamma + 1), key=lambda g: self.rate(g, B, alpha=self.alpha))
         return self.gamma
 
     def update(self, depth: int, accepted: int) -> None:

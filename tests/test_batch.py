@@ -271,6 +271,20 @@ def test_load_aware_turns_speculation_on_or_off_only_for_a_clear_gain():
     assert policy(0.30).choose(4) == 0 and policy(0.30).rate(0, 4) > 1.05 * 9.76  # clearly off
 
 
+def test_load_aware_drafts_the_gamma_of_the_measured_alpha():
+    # the optimistic alpha (0.84, 10 drafts tested at 0.7) decides that speculation is tried;
+    # the chain's length is the best at the measured alpha (4), not at the optimistic one (6)
+    rounds = {1: {0: 0.8, **{g: 1.0 + 0.12 * g for g in range(1, 9)}}}
+    policy = LoadAwareGamma(BatchCosts(rounds=rounds), alpha0=0.7, prior=10)
+    optimistic = max(range(1, 9), key=lambda g: policy.rate(g, 1))
+    measured = max(range(1, 9), key=lambda g: policy.rate(g, 1, alpha=0.7))
+    assert (optimistic, measured) == (6, 4)
+    assert policy.choose(1) == 4
+    policy.update(4, 4)  # accepted: alpha rises
+    assert policy.alpha == pytest.approx(11 / 14) and policy.choose(1) == max(
+        range(1, 9), key=lambda g: policy.rate(g, 1, alpha=11 / 14))
+
+
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
     target = random_model(tiny_config(max_position_embeddings=256), seed=0, scale=0.5)
