@@ -264,9 +264,10 @@ class LoadAwareGamma:
         off = self.rate(0, B)
         on = max((self.rate(g, B) for g in range(1, self.max_gamma + 1)), default=0.0)
         drafting = on > off
-        if self.gamma is not None and drafting != (self.gamma > 0):
-            mine, other = (on, off) if self.gamma > 0 else (off, on)
-            drafting = drafting if mine < (1 - self.stay) * other else not drafting
+        if self.gamma is not None and drafting != (self.gamma > 0):  # a switch of mode, only
+            kept, other = (on, off) if self.gamma > 0 else (off, on)  # for a clear gain
+            if kept >= (1 - self.stay) * other:
+                drafting = self.gamma > 0
         self.gamma = 0 if not drafting else max(
             range(1, self.max_gamma + 1), key=lambda g: self.rate(g, B, alpha=self.alpha))
         return self.gamma
@@ -385,11 +386,10 @@ def time_rounds(target: Model, drafter, sampling: Sampling, *, batch_sizes: Sequ
     gamma of TIMED_GAMMAS and max_gamma, untimed rounds at that gamma (WARM_UP_S, at least
     WARM_UP_LEAST, all WARM_UP_ROUNDS at gamma 0: the loop's steady state, where a policy that
     settles on a gamma runs), then timed rounds (`repeats`, or more up to TIMED_S), their
-    median kept. Rounds
-    that draft cost a + b gamma, the line through them by the median of the pairwise slopes
-    (Theil-Sen: one slow round moves it little); gamma 0, a round without drafting, stands
-    apart: it is timed first and again last, the lower kept. Sizes are then made monotone as
-    `calibrate`'s calls are: a larger batch never costs less.
+    median kept. Rounds that draft cost a + b gamma, the line through them by the median of
+    the pairwise slopes (Theil-Sen: one slow round moves it little); gamma 0, a round without
+    drafting, stands apart: it is timed first and again last, the lower kept. Sizes are then
+    made monotone as `calibrate`'s calls are: a larger batch never costs less.
 
     The rounds are the loop's own: the drafter's steps with a warp and a draw per draft, the
     target call, every sequence's verify, and the weights as warm as a round leaves them. A
