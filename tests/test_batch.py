@@ -285,11 +285,12 @@ def test_load_aware_drafts_the_gamma_of_the_measured_alpha():
         range(1, 9), key=lambda g: policy.rate(g, 1, alpha=11 / 14))
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "early-exit"])
 def test_rounds_are_timed_for_every_gamma_and_batch_size(drafter):
     target = random_model(tiny_config(max_position_embeddings=256), seed=0, scale=0.5)
     ds = {"model": random_model(tiny_config(max_position_embeddings=256), seed=1),
-          "ngram": make_drafter("ngram", target)}
+          "ngram": make_drafter("ngram", target),
+          "early-exit": make_drafter("early-exit", target, exit_layer=1)}
     rounds = time_rounds(target, ds[drafter], Sampling(), batch_sizes=(1, 3), max_gamma=2,
                          context=8, repeats=1)
     assert set(rounds) == {1, 3} and all(set(row) == {0, 1, 2} for row in rounds.values())
@@ -320,6 +321,23 @@ def test_rounds_are_timed_with_the_drafter_the_decoder_plays(monkeypatch):
     BatchDecoder(TARGET, CLOSE, Sampling(), gamma=2)
     assert made[0] is made[-1] is type(make_drafter("model", TARGET, draft_model=CLOSE))
     assert made[0] is not ModelDrafter
+
+
+@pytest.mark.parametrize("drafter", ["model", "early-exit"])
+def test_copies_of_a_prompt_decode_as_if_each_had_read_it(drafter):
+    # time_rounds' batch: the prompt read once, its keys and values copied to the others; each
+    # sequence then decodes (greedy) what it decodes having read the prompt itself
+    from minispec.batch import copies_of
+
+    d = {"model": CLOSE, "early-exit": make_drafter("early-exit", TARGET, exit_layer=2)}[drafter]
+    prompt, request = PROMPTS[7], Request(12)
+    decoder = copies_of(TARGET, d, Sampling(), prompt, 3, request)
+    assert [s.cache.length for s in decoder.live] == [len(prompt)] + [len(prompt) - 1] * 2
+    for s in decoder.live:
+        s.policy.gamma = 2  # drafting: the drafter catches up on what it has not seen
+    while decoder.live:
+        for slot, result in decoder.step():
+            assert result.tokens == REFERENCE[7][:12], slot
 
 
 def test_load_aware_calibrates_only_the_batch_sizes_it_can_meet():
