@@ -18,6 +18,7 @@ import ctypes
 import errno
 import mmap
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -328,6 +329,55 @@ def stored_bytes(w) -> int:
     """Bytes a product of one row reads for the weight w: its GGUF blocks' tiles where it has
     them, else the array as held (float32, or 16-bit as stored)."""
     return int(_TILES[id(w)][1].nbytes) if kept_as_blocks(w) else int(w.size) * w.dtype.itemsize
+
+
+ONE_ROW_GAIN = 0.03  # the one-row hint is kept where it makes one-row products this much faster
+_one_row_timed = 0  # the bytes of the largest set of weights tune_one_row has timed
+
+
+def tune_one_row(weights, rounds: int = 3) -> int | None:
+    """Choose, for this process, whether a product of one row asks the memory for its tile
+    ahead (kernels.set_one_row_ahead: a hint, no value changes): the products of one row
+    with `weights` (a model's matrices; those the kernel reads as float32 or 16-bit tiles)
+    timed with the hint (kernels.AHEAD_BYTES) and without, alternating, a first round to warm
+    up and `rounds` timed, the best of each kept; the hint if it is ONE_ROW_GAIN faster. The
+    largest set of weights timed so far decides (cpu_steps.enable tunes on every model it
+    serves: a target decides over its draft model, whichever comes first). On a machine
+    where a model's weights stay in the caches both take the same time, and no hint is asked.
+    -> the bytes chosen, or None where nothing was timed (no numba, no such weights, or no
+    more bytes of them than those that decided)."""
+    global _one_row_timed
+    if not _compiled():
+        return None
+    from . import kernels
+
+    kinds = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int16))  # not blocks' tiles
+    tiles = [t for t in (kernel_weight(w) for w in weights
+                         if isinstance(w, np.ndarray) and w.ndim == 2
+                         and w.dtype in _KERNEL_WEIGHTS and w.T.flags.c_contiguous)
+             if t.dtype in kinds]
+    size = sum(t.nbytes for t in tiles)
+    if size <= _one_row_timed:
+        return None
+    xs = {d: np.ones((1, d), np.float32) for d in {t.shape[1] for t in tiles}}
+    ys = [np.empty((1, t.shape[0] * t.shape[2]), np.float32) for t in tiles]
+
+    def one_pass(nbytes: int) -> float:
+        kernels.set_one_row_ahead(nbytes)
+        start = time.perf_counter()
+        for t, y in zip(tiles, ys):
+            _loops.product(xs[t.shape[1]], t, y)
+        return time.perf_counter() - start
+
+    best = {0: float("inf"), kernels.AHEAD_BYTES: float("inf")}
+    for i in range(rounds + 1):
+        for nbytes in best:
+            took = one_pass(nbytes)
+            best[nbytes] = min(best[nbytes], took) if i else best[nbytes]
+    chosen = kernels.AHEAD_BYTES if best[kernels.AHEAD_BYTES] < (1 - ONE_ROW_GAIN) * best[0] else 0
+    kernels.set_one_row_ahead(chosen)
+    _one_row_timed = size
+    return chosen
 
 
 @contextlib.contextmanager

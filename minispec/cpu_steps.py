@@ -35,7 +35,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from . import kernels
-from .backend import kept_for_int8, kernel_available, kernel_in_use, kernel_weight, matmul
+from .backend import (
+    kept_for_int8,
+    kernel_available,
+    kernel_in_use,
+    kernel_weight,
+    matmul,
+    tune_one_row,
+)
 from .core.model import Model
 from .cuda_graphs import (
     PlainKernels,
@@ -47,6 +54,7 @@ from .cuda_graphs import (
 )
 from .errors import MinispecError
 
+PRODUCTS = ("wqkv", "wo", "w_gate", "w_up", "w_down")  # a layer's weight matrices, in order
 MAX_TOKENS = 32  # a call of more tokens (a prefill) takes the plain path: its overhead is small
 _NO_TREE = np.zeros(0, np.uint32)  # the attention loop's tree bits when the call is a chain
 
@@ -136,7 +144,7 @@ class NumbaKernels(PlainKernels):
         layer; a weight read as GGUF blocks as its blocks' tiles), or None for any other layer."""
         seen = self._weights.get(id(p))
         if seen is None or seen[0] is not p:
-            names = ("wqkv", "wo", "w_gate", "w_up", "w_down")
+            names = PRODUCTS
             plain = (all(p.get(b) is None for b in ("attn_norm_b", "bqkv", "bo", "mlp_norm_b",
                                                      "b_gate", "b_up", "b_down"))
                      and all(p[n] is not None and p[n].T.flags.c_contiguous for n in names))
@@ -366,9 +374,12 @@ class CpuSteps:
 
 
 def enable(model) -> CpuSteps:
-    """Make the model's calls of a few tokens take the CPU step (see CpuSteps)."""
+    """Make the model's calls of a few tokens take the CPU step (see CpuSteps), and let its
+    weights choose whether products of one row ask the memory ahead (backend.tune_one_row)."""
     steps = CpuSteps(model)
     use(model, steps)
+    w = model.weights
+    tune_one_row([layer.get(n) for layer in w["layers"] for n in PRODUCTS] + [w["lm_head"]])
     return steps
 
 

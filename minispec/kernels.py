@@ -22,9 +22,12 @@ spells that loop out.
 
 from __future__ import annotations
 
+import ctypes
 from types import SimpleNamespace
 
 import numpy as np
+
+from .errors import MinispecError
 
 _KERNELS: SimpleNamespace | bool | None = None  # None: not compiled yet; False: no numba
 # numba functions on 64 lanes (see _lanes_intrinsics)
@@ -41,6 +44,11 @@ _izero = _istart = _nibble_dots = _byte_dots = _dots = _fold = _quantize = _ahea
 # activations (see _int8_intrinsics)
 _NARROW_FROM = 7  # a pass of this many rows or more takes the narrow tile (see _narrow_from)
 _AHEAD = 0  # bytes of a tile a pass of several rows asks the memory for ahead (see _ahead)
+# bytes a pass of one row asks for ahead: a value the compiled code reads at run time (an
+# external symbol, not a global numba freezes), set by backend.tune_one_row (see one_row_ahead)
+_ONE_ROW = ctypes.c_int64(0)
+_ONE_ROW_SYMBOL = "minispec_one_row_ahead"
+_one_row_ahead = None
 
 LANES = 64  # outputs per tile: a weight's tile is [D_in, 64], 4 vector registers of 16 floats
 
@@ -63,6 +71,7 @@ def compiled() -> SimpleNamespace | None:
     global _block_unpack, _block_sums, _weight, _pick, _silu, _fma1, _mlp_out
     global _attend_each, _izero, _istart, _nibble_dots, _byte_dots, _dots, _fold, _quantize
     global _ahead8, _scores16, _exp16, _max16, _add16, _hmax16, _hsum16, _attend_lanes
+    global _one_row_ahead
     if _KERNELS is None:
         try:
             import numba
@@ -70,6 +79,7 @@ def compiled() -> SimpleNamespace | None:
             _KERNELS = False
             return None
         jit = numba.njit(fastmath=True, cache=True)
+        _one_row_ahead = _run_time_value(_ONE_ROW, _ONE_ROW_SYMBOL)
         _zero, _load, _fma, _store, _dot, _prefetch, lanes = _lanes_intrinsics(numba)
         _zero16, _load16, _fma16, _store16, _, _, lanes16 = _lanes_intrinsics(numba, 16)
         _scores16, _exp16, _max16, _add16, _hmax16, _hsum16 = _attention_intrinsics(
@@ -117,7 +127,7 @@ def tiles(wt: np.ndarray) -> np.ndarray:
     64k..64k+63 (zeros past D_out), each input's 64 weights side by side. A tile's row i is
     one 64-lane vector, and the tiles follow one another: the product reads the whole weight as
     one stream, which the CPU's own prefetcher follows (a pass of several rows asks ahead too
-    where `_ahead` says so)."""
+    where `_ahead` says so, a pass of one row where backend.tune_one_row found it faster)."""
     d_out, d_in = wt.shape
     padded = np.zeros((-(-d_out // LANES) * LANES, d_in), wt.dtype)
     padded[:d_out] = wt
@@ -147,18 +157,20 @@ BF16_ORDER = np.array([g + c + h for g in (0, 32) for c in range(16) for h in (0
 
 
 def _product_kernel(x, tiles, y):  # pragma: no cover - runs compiled
-    # y [T, D_out] = x [T, D_in] float32 times the weight whose `tiles` [N, D_in, 64] these are
-    _rows(x, tiles, y, max(_NARROW_FROM, 0), max(_AHEAD, 0))  # as ints, not the globals'
-    # constants: the signature tests/test_backend.py's product_rows calls use too (one compile)
+    # y [T, D_out] = x [T, D_in] float32 times the weight whose `tiles` [N, D_in, 64] these are;
+    # several rows ask ahead as `_ahead` chose, one row as backend.tune_one_row chose
+    ahead = max(_AHEAD, 0) if x.shape[0] > 1 else _one_row_ahead()
+    _rows(x, tiles, y, max(_NARROW_FROM, 0), ahead)  # as ints, not the globals' constants: the
+    # signature tests/test_backend.py's product_rows calls use too (one compile)
 
 
 def _rows_kernel(x, tiles, y, narrow_from, ahead):  # pragma: no cover - runs compiled
     # the same, a pass of n rows taking the narrow tile when n >= narrow_from; the first pass over
     # a tile then sends its first row through the wide tile alone, which reads the tile from
-    # memory in order, and the narrow tile's four sweeps find it in the L2 cache. With several
-    # rows, the first pass over each tile asks for the tile's rows `ahead` bytes on (0: never)
+    # memory in order, and the narrow tile's four sweeps find it in the L2 cache. The first pass
+    # over each tile asks for the tile's rows `ahead` bytes on (0: never)
     t = x.shape[0]
-    rows_ahead = ahead // (tiles.shape[2] * tiles.itemsize) if t > 1 else 0
+    rows_ahead = ahead // (tiles.shape[2] * tiles.itemsize)
     for k in range(tiles.shape[0]):
         for r in range(0, t, 6):
             n = min(6, t - r)
@@ -270,6 +282,47 @@ def _ahead() -> int:
     AMD's CPUs are told apart by their SSE4a, which Intel's lack."""
     features = _cpu_features()
     return AHEAD_BYTES if "+avx512f" in features and "+sse4a" not in features else 0
+
+
+def one_row_ahead() -> int:
+    """How many bytes of a tile a pass of one row asks the memory for ahead (0: none, as
+    before backend.tune_one_row chose). Several rows ask what `_ahead` says, fixed per CPU;
+    one row's reading is a single stream the CPU's own prefetcher follows, and whether the
+    hint helps it changed with the guest's host: SmolLM2's one-row products in bfloat16, 22 ms
+    without the hint and 27-29 with it one morning, 24-27 ms without and 18-19 with it on
+    another day (weights/README.md, "Prefetching in one-row passes, chosen at run time")."""
+    return _ONE_ROW.value
+
+
+def set_one_row_ahead(nbytes: int) -> None:
+    """Make every compiled product of one row ask for `nbytes` of its tile ahead (0: none), in
+    this process, from its next call: the loops read the value at run time. A hint to the
+    memory: no product's value changes (tests/test_backend.py)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= 1 << 20:
+        raise MinispecError(f"set_one_row_ahead: nbytes: expected an int in 0..{1 << 20}, "
+                         f"got {nbytes!r}")
+    _ONE_ROW.value = nbytes
+
+
+def _run_time_value(value: ctypes.c_int64, symbol: str):
+    """A numba function of no arguments that returns value.value as it is when called: the
+    compiled code loads an external int64 named `symbol`, which llvmlite resolves to value's
+    address in this process (add_symbol), so numba's cache keeps the load, not the number."""
+    from llvmlite import binding, ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    binding.add_symbol(symbol, ctypes.addressof(value))
+
+    @intrinsic
+    def read(typingctx):
+        def codegen(context, builder, sig, args):
+            return builder.load(cgutils.add_global_variable(builder.module, ir.IntType(64),
+                                                            symbol))
+
+        return types.int64(), codegen
+
+    return read
 
 
 def _vector_type(name: str, vec):

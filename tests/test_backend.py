@@ -176,6 +176,88 @@ def test_prefetching_ahead_changes_no_bit(stored):
                     np.testing.assert_array_equal(y, plain)
 
 
+@pytest.fixture
+def one_row_hint(monkeypatch):
+    """kernels' one-row hint as it was, after the test; backend.tune_one_row as if nothing had
+    been timed in this process yet."""
+    from minispec import backend, kernels
+
+    monkeypatch.setattr(backend, "_one_row_timed", 0)
+    before = kernels.one_row_ahead()
+    yield kernels
+    kernels.set_one_row_ahead(before)
+
+
+@needs_numba
+@pytest.mark.parametrize("stored", [None, as_bf16])
+def test_the_one_row_hint_changes_no_bit(stored, one_row_hint):
+    # a product of one row asks ahead as backend.tune_one_row chose (set_one_row_ahead), read
+    # by the compiled loops at run time: a hint, the same bits whatever it is
+    kernels = one_row_hint
+    for name in SHAPES:
+        w = weight(*SHAPES[name])
+        w = w if stored is None else stored(w)
+        x = RNG.standard_normal((1, w.shape[0]), dtype=np.float32)
+        kernels.set_one_row_ahead(0)
+        plain = matmul(x, w)
+        for nbytes in (kernels.AHEAD_BYTES, 64, 1 << 20):
+            kernels.set_one_row_ahead(nbytes)
+            assert kernels.one_row_ahead() == nbytes
+            np.testing.assert_array_equal(matmul(x, w), plain)
+    for bad in (-1, (1 << 20) + 1, 1.5, True, "768"):
+        with pytest.raises(MinispecError, match="set_one_row_ahead: nbytes"):
+            kernels.set_one_row_ahead(bad)
+
+
+def _clock(monkeypatch, kernels, hint_cost):
+    """time.perf_counter for backend.tune_one_row: each call 1.0 s on, or hint_cost s with the
+    one-row hint asked for, so a timed pass of the products takes that long."""
+    now = [0.0]
+
+    def perf_counter():
+        now[0] += hint_cost if kernels.one_row_ahead() else 1.0
+        return now[0]
+
+    monkeypatch.setattr("minispec.backend.time.perf_counter", perf_counter)
+
+
+@needs_numba
+@pytest.mark.parametrize("hint_cost, asks", [(0.9, True), (0.98, False), (1.3, False)])
+def test_tune_one_row_asks_ahead_only_where_that_is_faster(monkeypatch, one_row_hint, hint_cost,
+                                                           asks):
+    from minispec.backend import ONE_ROW_GAIN, tune_one_row
+
+    kernels = one_row_hint
+    assert 1 - 0.9 > ONE_ROW_GAIN > 1 - 0.98
+    _clock(monkeypatch, kernels, hint_cost)
+    small = [weight(*SHAPES["draft qkv"]), as_bf16(weight(*SHAPES["draft up"]))]
+    large = [weight(*SHAPES["target up"]), as_bf16(weight(*SHAPES["target down"])), None]
+    chosen = kernels.AHEAD_BYTES if asks else 0
+    kernels.set_one_row_ahead(kernels.AHEAD_BYTES - chosen)  # the other answer, before
+    assert tune_one_row(small) == chosen == kernels.one_row_ahead()
+    # the largest weights timed decide: fewer bytes leave the choice; more bytes time again
+    _clock(monkeypatch, kernels, 1.3 if asks else 0.5)  # the other answer, if timed
+    assert tune_one_row(small[:1]) is None and kernels.one_row_ahead() == chosen
+    assert tune_one_row(large) == kernels.AHEAD_BYTES - chosen == kernels.one_row_ahead()
+
+
+@needs_numba
+def test_enable_tunes_the_one_row_hint_on_the_models_weights(monkeypatch, one_row_hint):
+    from minispec import cpu_steps
+
+    kernels = one_row_hint
+    model = load(SHIPPED / "draft")
+    _clock(monkeypatch, kernels, 0.5)
+    kernels.set_one_row_ahead(0)
+    cpu_steps.enable(model)
+    assert kernels.one_row_ahead() == kernels.AHEAD_BYTES
+    _clock(monkeypatch, kernels, 1.5)
+    cpu_steps.enable(load(SHIPPED / "draft"))  # no more bytes: timed once already
+    assert kernels.one_row_ahead() == kernels.AHEAD_BYTES
+    cpu_steps.enable(load(SHIPPED / "target"))  # more bytes: timed, and slower with the hint
+    assert kernels.one_row_ahead() == 0
+
+
 @needs_numba
 def test_the_big_lm_head_with_a_few_rows():
     w = weight(*SMOLLM2_HEAD)
