@@ -370,10 +370,11 @@ def tune_one_row(weights, rounds: int = 3) -> int | None:
         return time.perf_counter() - start
 
     best = {0: float("inf"), kernels.AHEAD_BYTES: float("inf")}
-    for i in range(rounds + 1):
+    for i in range(rounds + 1):  # round 0 warms up: its times are not kept
         for nbytes in best:
             took = one_pass(nbytes)
-            best[nbytes] = min(best[nbytes], took) if i else best[nbytes]
+            if i > 0:
+                best[nbytes] = min(best[nbytes], took)
     chosen = kernels.AHEAD_BYTES if best[kernels.AHEAD_BYTES] < (1 - ONE_ROW_GAIN) * best[0] else 0
     kernels.set_one_row_ahead(chosen)
     _one_row_timed = size
