@@ -331,16 +331,19 @@ def stored_bytes(w) -> int:
     return int(_TILES[id(w)][1].nbytes) if kept_as_blocks(w) else int(w.size) * w.dtype.itemsize
 
 
+ONE_ROW_AHEADS = (768, 1536, 3072)  # the distances tune_one_row tries, in bytes of a tile
 ONE_ROW_GAIN = 0.03  # the one-row hint is kept where it makes one-row products this much faster
 _one_row_timed = 0  # the bytes of the largest set of weights tune_one_row has timed
 
 
 def tune_one_row(weights, rounds: int = 3) -> int | None:
-    """Choose, for this process, whether a product of one row asks the memory for its tile
-    ahead (kernels.set_one_row_ahead: a hint, no value changes): the products of one row
-    with `weights` (a model's matrices; those the kernel reads as float32 or 16-bit tiles)
-    timed with the hint (kernels.AHEAD_BYTES) and without, alternating, a first round to warm
-    up and `rounds` timed, the best of each kept; the hint if it is ONE_ROW_GAIN faster. The
+    """Choose, for this process, whether and how far a product of one row asks the memory for
+    its tile ahead (kernels.set_one_row_ahead: a hint, no value changes): the products of one
+    row with `weights` (a model's matrices; those the kernel reads as float32 or 16-bit tiles)
+    timed without the hint and with it at each distance of ONE_ROW_AHEADS, in turn, a first
+    round to warm up and `rounds` timed, the best of each kept; the fastest distance if it is
+    ONE_ROW_GAIN faster than none (on the Xeon guest the best distance moved within the hour:
+    weights/README.md, "Prefetching in one-row passes, chosen at run time"). The
     largest set of weights timed so far decides (cpu_steps.enable tunes on every model it
     serves: a target decides over its draft model, whichever comes first). On a machine
     where a model's weights stay in the caches both take the same time, and no hint is asked.
@@ -369,13 +372,14 @@ def tune_one_row(weights, rounds: int = 3) -> int | None:
             _loops.product(xs[t.shape[1]], t, y)
         return time.perf_counter() - start
 
-    best = {0: float("inf"), kernels.AHEAD_BYTES: float("inf")}
+    best = dict.fromkeys((0, *ONE_ROW_AHEADS), float("inf"))
     for i in range(rounds + 1):  # round 0 warms up: its times are not kept
         for nbytes in best:
             took = one_pass(nbytes)
             if i > 0:
                 best[nbytes] = min(best[nbytes], took)
-    chosen = kernels.AHEAD_BYTES if best[kernels.AHEAD_BYTES] < (1 - ONE_ROW_GAIN) * best[0] else 0
+    fastest = min(ONE_ROW_AHEADS, key=best.get)
+    chosen = fastest if best[fastest] < (1 - ONE_ROW_GAIN) * best[0] else 0
     kernels.set_one_row_ahead(chosen)
     _one_row_timed = size
     return chosen

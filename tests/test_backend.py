@@ -209,36 +209,38 @@ def test_the_one_row_hint_changes_no_bit(stored, one_row_hint):
             kernels.set_one_row_ahead(bad)
 
 
-def _clock(monkeypatch, kernels, hint_cost):
-    """time.perf_counter for backend.tune_one_row: each call 1.0 s on, or hint_cost s with the
-    one-row hint asked for, so a timed pass of the products takes that long."""
+def _clock(monkeypatch, kernels, costs):
+    """time.perf_counter for backend.tune_one_row: each call costs[bytes asked ahead] seconds
+    on (1.0 without the hint), so a timed pass of the products takes that long."""
     now = [0.0]
 
     def perf_counter():
-        now[0] += hint_cost if kernels.one_row_ahead() else 1.0
+        now[0] += costs.get(kernels.one_row_ahead(), 1.0)
         return now[0]
 
     monkeypatch.setattr("minispec.backend.time.perf_counter", perf_counter)
 
 
 @needs_numba
-@pytest.mark.parametrize("hint_cost, asks", [(0.9, True), (0.98, False), (1.3, False)])
-def test_tune_one_row_asks_ahead_only_where_that_is_faster(monkeypatch, one_row_hint, hint_cost,
-                                                           asks):
-    from minispec.backend import ONE_ROW_GAIN, tune_one_row
+@pytest.mark.parametrize("costs, chosen", [
+    ({768: 0.9, 1536: 0.95, 3072: 0.92}, 768), ({768: 0.99, 1536: 0.9, 3072: 0.8}, 3072),
+    ({768: 0.98, 1536: 0.99, 3072: 0.98}, 0), ({768: 1.3, 1536: 1.2, 3072: 1.1}, 0)])
+def test_tune_one_row_asks_the_fastest_distance_where_it_is_faster(monkeypatch, one_row_hint,
+                                                                   costs, chosen):
+    from minispec.backend import ONE_ROW_AHEADS, ONE_ROW_GAIN, tune_one_row
 
     kernels = one_row_hint
-    assert 1 - 0.9 > ONE_ROW_GAIN > 1 - 0.98
-    _clock(monkeypatch, kernels, hint_cost)
+    assert set(costs) == set(ONE_ROW_AHEADS) and 1 - 0.9 > ONE_ROW_GAIN > 1 - 0.98
+    _clock(monkeypatch, kernels, costs)
     small = [weight(*SHAPES["draft qkv"]), as_bf16(weight(*SHAPES["draft up"]))]
     large = [weight(*SHAPES["target up"]), as_bf16(weight(*SHAPES["target down"])), None]
-    chosen = kernels.AHEAD_BYTES if asks else 0
-    kernels.set_one_row_ahead(kernels.AHEAD_BYTES - chosen)  # the other answer, before
+    kernels.set_one_row_ahead(1536 if chosen != 1536 else 0)  # another answer, before
     assert tune_one_row(small) == chosen == kernels.one_row_ahead()
     # the largest weights timed decide: fewer bytes leave the choice; more bytes time again
-    _clock(monkeypatch, kernels, 1.3 if asks else 0.5)  # the other answer, if timed
+    other = 1536 if chosen != 1536 else 0
+    _clock(monkeypatch, kernels, {1536: 0.5} if other else {1536: 1.5, 768: 2, 3072: 2})
     assert tune_one_row(small[:1]) is None and kernels.one_row_ahead() == chosen
-    assert tune_one_row(large) == kernels.AHEAD_BYTES - chosen == kernels.one_row_ahead()
+    assert tune_one_row(large) == other == kernels.one_row_ahead()
 
 
 @needs_numba
@@ -247,13 +249,13 @@ def test_enable_tunes_the_one_row_hint_on_the_models_weights(monkeypatch, one_ro
 
     kernels = one_row_hint
     model = load(SHIPPED / "draft")
-    _clock(monkeypatch, kernels, 0.5)
+    _clock(monkeypatch, kernels, {768: 0.5, 1536: 0.6, 3072: 0.7})
     kernels.set_one_row_ahead(0)
     cpu_steps.enable(model)
-    assert kernels.one_row_ahead() == kernels.AHEAD_BYTES
-    _clock(monkeypatch, kernels, 1.5)
+    assert kernels.one_row_ahead() == 768
+    _clock(monkeypatch, kernels, {768: 1.5, 1536: 1.5, 3072: 1.5})
     cpu_steps.enable(load(SHIPPED / "draft"))  # no more bytes: timed once already
-    assert kernels.one_row_ahead() == kernels.AHEAD_BYTES
+    assert kernels.one_row_ahead() == 768
     cpu_steps.enable(load(SHIPPED / "target"))  # more bytes: timed, and slower with the hint
     assert kernels.one_row_ahead() == 0
 
