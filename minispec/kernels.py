@@ -288,9 +288,10 @@ def one_row_ahead() -> int:
     """How many bytes of a tile a pass of one row asks the memory for ahead (0: none, as
     before backend.tune_one_row chose). Several rows ask what `_ahead` says, fixed per CPU;
     one row's reading is a single stream the CPU's own prefetcher follows, and whether the
-    hint helps it changed with the guest's host: SmolLM2's one-row products in bfloat16, 22 ms
-    without the hint and 27-29 with it one morning, 24-27 ms without and 18-19 with it on
-    another day (weights/README.md, "Prefetching in one-row passes, chosen at run time")."""
+    hint helps it, and at what distance, changed with the guest's host: SmolLM2's one-row
+    products in bfloat16, 22 ms without the hint and 27-29 with it one morning, 24-25 ms without
+    and 17-23 with it another day, 768 or 3,072 bytes ahead the faster within the hour
+    (weights/README.md, "Prefetching in one-row passes, chosen at run time")."""
     return _ONE_ROW.value
 
 
@@ -300,7 +301,7 @@ def set_one_row_ahead(nbytes: int) -> None:
     memory: no product's value changes (tests/test_backend.py)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes <= 1 << 20:
         raise MinispecError(f"set_one_row_ahead: nbytes: expected an int in 0..{1 << 20}, "
-                         f"got {nbytes!r}")
+                            f"got {nbytes!r}")
     _ONE_ROW.value = nbytes
 
 
