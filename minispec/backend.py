@@ -354,11 +354,9 @@ def tune_one_row(weights, rounds: int = 3) -> int | None:
         return None
     from . import kernels
 
-    kinds = (np.dtype(np.float32), np.dtype(np.uint16), np.dtype(np.int16))  # not blocks' tiles
-    tiles = [t for t in (kernel_weight(w) for w in weights
-                         if isinstance(w, np.ndarray) and w.ndim == 2
-                         and w.dtype in _KERNEL_WEIGHTS and w.T.flags.c_contiguous)
-             if t.dtype in kinds]
+    tiles = [kernel_weight(w) for w in weights  # float32 or 16-bit tiles: not GGUF blocks'
+             if isinstance(w, np.ndarray) and w.ndim == 2 and w.dtype in _KERNEL_WEIGHTS
+             and w.T.flags.c_contiguous and not kept_as_blocks(w)]
     size = sum(t.nbytes for t in tiles)
     if size <= _one_row_timed:
         return None

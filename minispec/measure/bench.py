@@ -629,10 +629,9 @@ def _products(model) -> str:
                 if blocks else "")
         rows = ("every number of rows" if int8 == len(mats) else
                 f"1..{KERNEL_MAX_ROWS} rows")
-        ahead = one_row_ahead()  # a pass of one row over float32 or 16-bit tiles, not blocks'
-        hint = ("" if blocks == len(mats) else f"; one row asks {ahead} bytes ahead" if ahead
-                else "; one row asks nothing ahead")
-        hint += " (backend.tune_one_row's choice)" if hint else ""
+        asks = f"{one_row_ahead()} bytes" if one_row_ahead() else "nothing"
+        hint = ("" if blocks == len(mats)  # passes of one row over float32 or 16-bit tiles only
+                else f"; one row asks {asks} ahead (backend.tune_one_row's choice)")
         return (f"minispec's few-rows kernel for {rows} (numba {numba.__version__}){kept}"
                 + ("" if int8 == len(mats) else ", else BLAS") + hint + steps)
     return "NumPy's x @ w" + ("" if kernel_available() or model.device != "cpu"

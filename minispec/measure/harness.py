@@ -44,6 +44,7 @@ from ..backend import (
     stored_bytes,
 )
 from ..core.speculative import expected_tokens_per_call  # Equation 1, in the core: batch.py uses it
+from ..cpu_steps import PRODUCTS  # a layer's weight matrices, in order
 from ..errors import MinispecError
 from ..kernels import LANES
 
@@ -222,7 +223,6 @@ def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: i
     return {n: median(t) for n, t in times.items()}
 
 
-PRODUCTS = ("wqkv", "wo", "w_gate", "w_up", "w_down")  # a layer's weight matrices, in order
 
 
 def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
