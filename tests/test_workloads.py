@@ -301,3 +301,21 @@ def test_tune_counts_every_candidate_and_checks_its_greedy_output():
                      ("ngram:first=2", "drafter ngram has no first")):
         with pytest.raises(MinispecError, match=msg):
             make_candidate(bad, shipped)
+
+
+def test_tune_command_times_the_path_the_benchmarks_run(monkeypatch, capsys):
+    # its costs are a verify call's as `real bench` pays them: the model on the speed path
+    # (on the plain path SmolLM2's one-row call took 31 ms against the benchmarks' 18-20)
+    import minispec.cpu_steps
+    from minispec.shipped import SHIPPED
+    from minispec.workloads import main
+
+    enabled = []
+    real = minispec.cpu_steps.enable_where_supported
+    monkeypatch.setattr(minispec.cpu_steps, "enable_where_supported",
+                        lambda *models: (enabled.extend(models), real(*models)))
+    assert main(["tune", "--model", str(SHIPPED / "target"), "--workloads", "chat",
+                 "--candidates", "ngram:gamma=4", "--max-new-tokens", "4"]) == 0
+    assert [m.config.hidden_size for m in enabled] == [512]  # the shipped target, once
+    out = capsys.readouterr().out
+    assert "target call of k rows / one row" in out and "ngram:gamma=4" in out
