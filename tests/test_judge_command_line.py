@@ -49,6 +49,8 @@ def refused(capsys, *args: str) -> str:
     (["--generator", "minispec.generators:speculative", "--samples", "many"],
      ["--samples", "positive integer, got 'many'"]),
     (["--samples", "100"], ["--samples: goes with --generator or --drafter"]),
+    (["--drafter", "ngram", "--quick", "--samples", "10000001"],
+     ["--samples: at most 10,000,000 per configuration", "got 10,000,001"]),
     (["--seed", "-1"], ["--seed", "expected an integer >= 0, got '-1'"]),
     (["--quick", "--weights", "weights"], ["--weights: goes with a full run"]),
     (["--sampler", "a:b", "--generator", "c:d"], ["--generator: not allowed with",
@@ -58,6 +60,20 @@ def refused(capsys, *args: str) -> str:
 def test_a_bad_command_line_is_one_line_and_exit_2_before_any_work(capsys, args, words):
     err = refused(capsys, *args)
     assert err.startswith("python -m minispec judge: error: "), err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--drafter", "os:getcwd", "--quick"],  # a function of another signature
+     ["--drafter os:getcwd: calling it as factory(target, draft) failed: TypeError"]),
+    (["--generator", "json:dumps", "--quick"],
+     ["--generator json:dumps: calling it as factory(target_dir, draft_dir) failed: TypeError"]),
+])
+def test_a_factory_that_cannot_be_called_so_is_one_line_not_a_traceback(capsys, args, words):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     for w in words:
         assert w in err, (w, err)
 

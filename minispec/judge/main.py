@@ -110,6 +110,9 @@ class Parser(argparse.ArgumentParser):
         raise MinispecError(message)
 
 
+MAX_SAMPLES = 10_000_000  # --samples: a full run's 2,000 a configuration take seconds
+
+
 def positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
@@ -304,7 +307,8 @@ def parser() -> Parser:
                     "600 quick, 1000 full for --generator; 800 quick, 2000 full for --drafter; "
                     f"{MODEL_SAMPLES} with --model). The trade-off: the smallest deviation a test "
                     "catches (eps 90%% in the report) shrinks as 1/sqrt(samples), 4x the samples "
-                    "halve it, and the time grows with the samples")
+                    "halve it, and the time grows with the samples; at most "
+                    f"{MAX_SAMPLES:,}")
     return ap
 
 
@@ -325,6 +329,9 @@ def read_args(argv: list[str] | None) -> argparse.Namespace:
     if args.model is not None and not (args.model / "config.json").is_file():
         raise MinispecError(f"--model {display(args.model)}: expected a model directory (a "
                             "Hugging Face one, with config.json), found no config.json there")
+    if args.samples is not None and args.samples > MAX_SAMPLES:
+        raise MinispecError(f"--samples: at most {MAX_SAMPLES:,} per configuration (the time "
+                            f"grows with them; 4x the samples halve eps), got {args.samples:,}")
     if args.samples is not None and not (args.generator or args.drafter):
         raise MinispecError("--samples: goes with --generator or --drafter (minispec's own "
                             "tests have fixed sizes: --quick or the full run)")

@@ -23,7 +23,7 @@ from ..core.speculative import speculative_generate
 from ..core.verify import verify as minispec_verify
 from ..drafters import Draft, Drafter
 from ..loader import load, save_checkpoint
-from .selftest import tiny_models
+from .selftest import made_by, tiny_models
 from .stats import E2E, Fit, Row, exact_joint, joint_row, rng_for
 
 PIPELINE_FULL = [  # (sampling and L, the draft, the prompt)
@@ -157,7 +157,9 @@ def part_pipeline(factory, label: str, quick: bool, n: int, seed: int,
 
         def generator(make, draft):
             if (make, draft) not in made:
-                made[(make, draft)] = make(dirs["target"], dirs[draft])
+                made[(make, draft)] = made_by(make, "--generator", label,
+                                              "factory(target_dir, draft_dir)", dirs["target"],
+                                              dirs[draft])
             return made[(make, draft)]
 
         for cfg, prompt in PIPELINE_QUICK if quick else PIPELINE_FULL:

@@ -260,6 +260,16 @@ def part3(seed: int, n: int, weights: str) -> tuple[list[Row], str]:
     return [joint_row("3", f"shipped pair {SHIPPED.name}", law, samples, name=name)], ""
 
 
+def made_by(factory, flag: str, label: str, signature: str, *args):
+    """factory(*args), or MinispecError naming the flag where the call itself fails (a function
+    of another signature, or one that raises): the judge's own error, not the user's traceback."""
+    try:
+        return factory(*args)
+    except Exception as e:  # noqa: BLE001 - anyone's code: every failure is reported alike
+        raise MinispecError(f"{flag} {label}: calling it as {signature} failed: "
+                            f"{type(e).__name__}: {e}") from None
+
+
 def judge_drafter(factory, label: str, quick: bool, n: int, seed: int
                   ) -> tuple[list[Row], list[Row]]:
     """A drafter of one's own end to end (see the module docstring for factory's signature):
@@ -268,7 +278,8 @@ def judge_drafter(factory, label: str, quick: bool, n: int, seed: int
     power at this budget)."""
     models = tiny_models()
     target = models["target"]
-    drafter = factory(target, models["near"])
+    drafter = made_by(factory, "--drafter", label, "factory(target, draft)", target,
+                      models["near"])
     if not isinstance(drafter, Drafter):
         raise MinispecError(f"--drafter {label}: the factory returned "
                             f"{type(drafter).__name__}, not a minispec.Drafter made for the "
@@ -311,7 +322,7 @@ def judge_drafter_on_model(factory, label: str, n: int, seed: int, model_dir,
         from ..cpu_steps import enable_where_supported
 
         enable_where_supported(target)
-    drafter = factory(target, None)
+    drafter = made_by(factory, "--drafter", label, "factory(target, None)", target, None)
     if not isinstance(drafter, Drafter):
         raise MinispecError(f"--drafter {label}: the factory returned "
                             f"{type(drafter).__name__}, not a minispec.Drafter made for the "
