@@ -250,7 +250,13 @@ def make_candidate(spec: str, target):
     for k, v in extra.items():
         if not hasattr(drafter, k):
             raise MinispecError(f"--candidates: {spec!r}: drafter {name} has no {k}")
+        if v < (0 if k == "agree" else 1) or (k == "agree" and v > 1):
+            want = "0 or 1" if k == "agree" else "an integer >= 1"
+            raise MinispecError(f"--candidates: {spec!r}: {k} must be {want}, got {v}")
         setattr(drafter, k, v)
+    if getattr(drafter, "max_n", 1) < getattr(drafter, "min_n", 1):
+        raise MinispecError(f"--candidates: {spec!r}: max_n must be >= the lookup's "
+                            f"{drafter.min_n} tokens")
     return drafter, gamma
 
 
@@ -329,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     from .backend import blas_threads
     from .cpu_steps import enable_where_supported
     from .loader import load
+    from .measure.harness import check_room
 
     ap = argparse.ArgumentParser(prog="python -m minispec.workloads", description="Tune the "
                                  "drafters on the workloads' held-out prompts: tokens per target "
@@ -349,8 +356,13 @@ def main(argv: list[str] | None = None) -> int:
         names = workload_names(args.workloads)
         target = load(args.model or _converted_smollm2())
         enable_where_supported(target)  # the path the benchmarks time: its costs, its calls
-        for spec in args.candidates.split(";"):  # every candidate checked before any run
-            make_candidate(spec, target)
+        gammas = [make_candidate(spec, target)[1]  # every candidate checked before any run
+                  for spec in args.candidates.split(";")]
+        if args.max_new_tokens < 1:
+            raise MinispecError(f"--max-new-tokens: expected a positive integer, got "
+                                f"{args.max_new_tokens}")
+        prompts = [target.tokenizer.encode(t) for w in names for t in load_workload(w, args.split)]
+        check_room(target, prompts, args.max_new_tokens, gammas, f"--workloads {args.workloads}")
         with blas_threads(args.threads):
             out = tune(target, names, args.split, args.candidates.split(";"),
                        args.temperature, args.max_new_tokens)

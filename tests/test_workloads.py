@@ -298,7 +298,13 @@ def test_tune_counts_every_candidate_and_checks_its_greedy_output():
     drafter, gamma = make_candidate("auto:lookup=3,shortest=2,gamma=16", shipped)
     assert (drafter.min_n, drafter.shortest, gamma) == (3, 2, 16)
     for bad, msg in (("auto:lookup=x", "is no key=number"), ("ngram:nope=1", "unexpected"),
-                     ("ngram:first=2", "drafter ngram has no first")):
+                     ("ngram:first=2", "drafter ngram has no first"),
+                     # keys set after the drafter is made are checked as its constructor would
+                     ("auto:first=-1", "first must be an integer >= 1, got -1"),
+                     ("auto:chain=0", "chain must be an integer >= 1, got 0"),
+                     ("ngram:max_n=0", "max_n must be an integer >= 1, got 0"),
+                     ("auto:agree=5", "agree must be 0 or 1, got 5"),
+                     ("auto:lookup=3,max_n=2", "max_n must be >= the lookup's 3 tokens")):
         with pytest.raises(MinispecError, match=msg):
             make_candidate(bad, shipped)
 
