@@ -80,3 +80,16 @@ def add_threads(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="BLAS threads for NumPy during the run (a decode step's small matmuls "
                     "are fastest on one thread on small or busy machines)")
+
+
+def check_positive(args: argparse.Namespace, *names: str) -> None:
+    """Each named option (attribute names: "repeats", "max_new_tokens") a positive integer where
+    given, or MinispecError naming its flag: a count of 0 or less would run nothing and fail later
+    with another error (a table of no timings)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise MinispecError(f"--{name.replace('_', '-')}: expected a positive integer, got "
+                                f"{value!r}")
+

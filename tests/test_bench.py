@@ -240,3 +240,24 @@ def test_loop_costs_are_the_decode_rounds_own_timers():
     assert lp["c"] == pytest.approx(0.0015 / 6 / 0.002)
     assert lp["gamma"] == 3
     assert harness.loop_costs(harness.decode_rounds([result([(0, 0, 0.0, 1.0)])]), ar) is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens: expected a positive integer"),
+    (["--num-prompts", "-1"], r"--num-prompts: expected an integer >= 0 \(0: all\)"),
+    (["--plot", "/nonexistent-folder/x.png"], "--plot /nonexistent-folder/x.png: the folder"),
+    # caches of the timed context plus gamma + 1 (or of the new tokens) before any generation:
+    # refused naming the flag, not an allocation of gigabytes
+    (["--gamma", "1000000000", "--quick"], "--gamma 1000000000: a verify call of"),
+    (["--max-new-tokens", "1000000000000", "--num-prompts", "1"],
+     "--max-new-tokens 1000000000000: the costs are timed at"),
+    (["--draft", "none", "--drafters", "ngram", "--gamma", "100000", "--quick"],
+     "--gamma 100000: a verify call of"),
+])
+def test_bad_counts_are_refused_naming_the_flag_before_any_work(pair, capsys, extra, message):
+    with pytest.raises(bench.MinispecError, match=message):
+        bench.main(["--target", str(pair / "target"), "--draft", str(pair / "draft"),
+                    "--hf", "off", *extra] if "none" not in extra else
+                   ["--target", str(pair / "target"), "--hf", "off", *extra])
+    assert capsys.readouterr().out == ""

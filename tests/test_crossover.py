@@ -68,11 +68,32 @@ def test_command_line_errors_name_the_flag(tmp_path):
         crossover.main(["--batch", "0,2"])
     with pytest.raises(MinispecError, match="--sequences"):
         crossover.main(["--sequences", "0"])
+    for argv, message in ((["--repeats", "0"], "--repeats: expected a positive integer"),
+                          (["--max-new-tokens", "-1"], "--max-new-tokens: expected a positive"),
+                          (["--batch", "1,4", "--sequences", "2"],
+                           "--batch 4: larger than --sequences 2"),
+                          (["--batch", "1000000000", "--sequences", "2"],
+                           "--batch: at most 1024"),  # not a billion caches
+                          (["--batch", "1", "--sequences", "100000000"],
+                           "--sequences: at most 4096")):  # not a run of days
+        with pytest.raises(MinispecError, match=message):
+            crossover.main(argv)
+    for argv, message in ((["--requests", "0"], "--requests: expected a positive integer"),
+                          (["--slots", "0"], "--slots: expected a positive integer"),
+                          (["--slots", "100000000"], "--slots: at most 1024"),
+                          (["--requests", "100000000"], "--requests: at most 4096")):
+        with pytest.raises(MinispecError, match=message):
+            crossover.serve_main(argv)
+    (tmp_path / "long.txt").write_text("x " * 2000 + "\n")
+    with pytest.raises(MinispecError, match=r"long\.txt: a prompt of \d+ tokens leaves no room"):
+        crossover.main(["--batch", "1", "--prompts", str(tmp_path / "long.txt")])
     with pytest.raises(MinispecError, match="--target"):
         crossover.serve_main(["--target", str(tmp_path / "none")])
     with pytest.raises(MinispecError, match="--alphas"):
         crossover.main(["--device", "gpu", "--alphas", "0.6,1.2"])
     with pytest.raises(MinispecError, match="--alphas"):
         crossover.main(["--device", "gpu", "--alphas", "x"])
+    with pytest.raises(MinispecError, match=r"^--draft-cost: expected a number >= 0"):
+        crossover.main(["--device", "gpu", "--draft-cost", "-1"])  # --alphas is fine: not named
     with pytest.raises(MinispecError, match="for --device gpu"):
         crossover.main(["--dtype", "float16"])  # the CPU's crossover is float32

@@ -54,3 +54,13 @@ def test_rows_are_chosen_by_drafter_and_those_needing_a_draft_model_left_out_wit
         select_rows("ngram,lookup", draft_model=True)
     with pytest.raises(MinispecError, match="no drafter left to run"):
         select_rows("model", draft_model=False)
+
+
+def test_the_drafters_command_refuses_a_count_below_one_naming_it(capsys):
+    from minispec.measure import drafters
+
+    for argv, message in ((["--repeats", "0"], "--repeats: expected a positive integer, got 0"),
+                          (["--num-prompts", "-1"], "--num-prompts: expected an integer >= 0")):
+        assert drafters.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and message in err and "Traceback" not in err, err

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
+import minispec
 from minispec.backend import blas_threads, get_blas_threads, set_blas_threads, to_host
 from minispec.errors import MinispecError
 from minispec.loader import random_model
@@ -77,9 +78,26 @@ def test_load_prompts_reads_each_format(tmp_path):
 def test_load_prompts_errors_name_the_file(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "empty.json").write_text(json.dumps({"prompts": [{"text": ""}]}))
-    for name in ("bad.json", "empty.json", "missing.json"):
+    (tmp_path / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")  # not UTF-8
+    for name in ("bad.json", "empty.json", "missing.json", "image.txt"):
         with pytest.raises(MinispecError, match=name):
             harness.load_prompts(tmp_path / name)
+    with pytest.raises(MinispecError, match=r"--num-prompts: expected an integer >= 0"):
+        harness.load_prompts(tmp_path / "bad.json", limit=-1)
+
+
+def test_check_room_names_the_flag_before_any_cache_is_made():
+    # the timing helpers make caches of typical_context + gamma + 1 positions: a huge value is
+    # refused here, naming its flag, not by an allocation of gigabytes
+    target = minispec.load("shipped:target")  # 512 positions
+    prompts = [[1] * 80, [2] * 60]  # typical context: 70 + half the new tokens
+    harness.check_room(target, prompts, 64, [4, 16])  # fits: nothing raised
+    with pytest.raises(MinispecError, match=r"--max-new-tokens 1000: .* 570 positions"):
+        harness.check_room(target, prompts, 1000)
+    with pytest.raises(MinispecError, match=r"--gammas 500: a verify call of 501 tokens"):
+        harness.check_room(target, prompts, 64, [4, 500], flag="--gammas")
+    with pytest.raises(MinispecError, match=r"p\.txt: a prompt of 600 tokens leaves no room"):
+        harness.check_room(target, [[1] * 600], 4, source="p.txt")
 
 
 # ---- measurement helpers --------------------------------------------------------------------

@@ -62,6 +62,10 @@ def test_parse_gammas():
     for bad in ("0-3", "a", "", "3-1", "1,,2"):
         with pytest.raises(MinispecError, match="--gammas"):
             sweep.parse_gammas(bad)
+    assert len(sweep.parse_gammas("1-64")) == 64
+    for huge in ("1-1000000000", "1-65", ",".join(["2"] * 65)):  # not a list of a billion runs
+        with pytest.raises(MinispecError, match="--gammas: at most 64 values"):
+            sweep.parse_gammas(huge)
 
 
 def test_missing_defaults_name_the_flag_to_pass(tmp_path, monkeypatch):

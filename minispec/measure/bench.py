@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ from ..options import (
     add_gamma,
     add_threads,
     check_activations,
+    check_positive,
     parse_gamma,
 )
 from ..shipped import display, path_arg
@@ -331,6 +333,7 @@ def run(args: argparse.Namespace) -> dict:
         prompt_source = "synthetic (random ids: the target has no tokenizer)"
     else:
         raise MinispecError(f"--prompts: {args.prompts} does not exist")
+    harness.check_room(target, prompts, args.max_new_tokens, [gamma], prompt_source)
     eos = benchmark_eos(target)
     lens = [len(p) for p in prompts]
     context = typical_context(prompts, args.max_new_tokens)  # the costs are timed there
@@ -430,6 +433,8 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         prompts = encode_prompts(load_prompts(args.prompts, args.num_prompts or None),
                                  target.tokenizer)
         prompt_source = str(args.prompts)
+    harness.check_room(target, prompts, args.max_new_tokens,
+                       [gamma] + [PRESET_GAMMA.get(n, gamma) for n in names], prompt_source)
     lens = [len(p) for p in prompts]
     context = typical_context(prompts, args.max_new_tokens)
     sampling = Sampling(args.temperature)
@@ -988,6 +993,8 @@ def plot(report: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .sweep import save
+
     costs, ms = report["costs"], 1e3
     curves = dict(costs["target_call_s"])
     if "hf" in costs:
@@ -1007,15 +1014,20 @@ def plot(report: dict, path: str) -> str:
                  f"{n} thread{'' if n == 1 else 's'}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"wrote {path}"
+    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
     args.gamma = parse_gamma(args.gamma)
+    check_positive(args, "repeats", "max_new_tokens")
+    if args.num_prompts < 0:
+        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
+                            f"{args.num_prompts}")
+    if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):
+        raise MinispecError(f"--plot {args.plot}: the folder "
+                            f"{os.path.dirname(args.plot)} does not exist")
     alone = args.draft.lower() == "none"
     if args.assistant is not None and not alone:
         raise MinispecError("--assistant: only with --draft none (with a draft, the draft is "

@@ -36,8 +36,15 @@ from ..core.sampling import Sampling
 from ..core.speculative import DEFAULT_GAMMA, Request
 from ..cpu_steps import enable_where_supported
 from ..errors import MinispecError
-from ..options import add_dtype, add_fast_steps, add_gamma, add_threads, parse_gamma
-from ..shipped import path_arg
+from ..options import (
+    add_dtype,
+    add_fast_steps,
+    add_gamma,
+    add_threads,
+    check_positive,
+    parse_gamma,
+)
+from ..shipped import display, path_arg
 from . import harness
 from .sweep import need_matplotlib, save
 
@@ -378,6 +385,28 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     return ap
 
 
+MAX_BATCH = 1024  # sequences in one batch: each holds a cache of its own
+MAX_SEQUENCES = 4096  # prompts a run decodes at every batch size, or requests a rate serves
+
+
+def _counts(args, batch_sizes=()) -> None:
+    """The counts of a run, checked before anything is loaded or timed (MinispecError naming
+    the flag): positive, batches of at most MAX_BATCH and runs of at most MAX_SEQUENCES
+    sequences, a batch no larger than the sequences it decodes."""
+    check_positive(args, "repeats", "max_new_tokens", "sequences", "requests", "slots")
+    for flag, value, most in (("--batch", max(batch_sizes, default=1), MAX_BATCH),
+                              ("--slots", getattr(args, "slots", 1), MAX_BATCH),
+                              ("--sequences", getattr(args, "sequences", None) or 1,
+                               MAX_SEQUENCES),
+                              ("--requests", getattr(args, "requests", 1), MAX_SEQUENCES)):
+        if value > most:
+            raise MinispecError(f"{flag}: at most {most}, got {value}")
+    sequences = getattr(args, "sequences", None)
+    if sequences is not None and max(batch_sizes, default=1) > sequences:
+        raise MinispecError(f"--batch {max(batch_sizes)}: larger than --sequences {sequences} "
+                            "(every batch size decodes the same --sequences prompts)")
+
+
 def _ints(text: str, flag: str, kind=int) -> list:
     try:
         values = [kind(x) for x in text.split(",")]
@@ -399,8 +428,9 @@ def _load(args):
     target, draft = load(args.target, device="cpu"), load(args.draft, device="cpu")
     if args.fast_steps == "on":  # a batch of one sequence takes the CPU step (cpu_steps.py)
         enable_where_supported(target, draft)
-    texts = harness.load_prompts(args.prompts)
-    return target, draft, harness.encode_prompts(texts, target.tokenizer)
+    prompts = harness.encode_prompts(harness.load_prompts(args.prompts), target.tokenizer)
+    harness.check_room(target, prompts, args.max_new_tokens, [args.gamma], display(args.prompts))
+    return target, draft, prompts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -408,11 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser("minispec crossover", "Throughput of plain, speculative and load-aware "
                  "decoding by batch size: where speculation stops paying, and why.")
     ap.add_argument("--batch", default=None,
-                    help="batch sizes (default 1,2,4,8,16,32; on the GPU 1,2,4,8,16,32,64)")
+                    help="batch sizes (default 1,2,4,8,16,32; on the GPU 1,2,4,8,16,32,64; each at "
+                    f"most {MAX_BATCH})")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per setting (median)")
     ap.add_argument("--sequences", type=int, default=None,
                     help="prompts every batch size decodes, B at a time (default: the largest "
-                    "batch size)")
+                    f"batch size; at most {MAX_SEQUENCES})")
     ap.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                     help="gpu: the costs of a batch's call through CUDA graphs, and from them "
                     "plain and speculative throughput predicted at --alphas (no decoding)")
@@ -433,8 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         raise MinispecError("--random-llama-1b and --dtype float16 are for --device gpu (the "
                             "CPU's crossover decodes the shipped pair in float32)")
     sizes = _ints(args.batch or "1,2,4,8,16,32", "--batch")
-    if args.sequences is not None and args.sequences < 1:
-        raise MinispecError(f"--sequences: expected an integer >= 1, got {args.sequences}")
+    _counts(args, sizes)
     need_matplotlib(args.plot)  # before a long measurement, not after it
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)
@@ -455,9 +485,12 @@ def _gpu_main(args) -> int:
     from .roofline import write_random_llama
 
     sizes = _ints(args.batch or "1,2,4,8,16,32,64", "--batch")
+    _counts(args, sizes)
     alphas = _ints(args.alphas, "--alphas", float)
-    if max(alphas) >= 1 or args.draft_cost < 0:
-        raise MinispecError("--alphas: each in (0, 1); --draft-cost: >= 0")
+    if max(alphas) >= 1:
+        raise MinispecError(f"--alphas: each in (0, 1), got {args.alphas!r}")
+    if not args.draft_cost >= 0:  # NaN too
+        raise MinispecError(f"--draft-cost: expected a number >= 0, got {args.draft_cost!r}")
     path = args.target
     if args.random_llama_1b is not None:
         path = write_random_llama(args.random_llama_1b)
@@ -473,11 +506,14 @@ def serve_main(argv: list[str] | None = None) -> int:
     ap = _parser("minispec serve", "A simulated server: Poisson arrivals, continuous "
                  "batching, speculation off / on / load-aware; throughput and latency.")
     ap.add_argument("--rates", default="1,4,16,64", help="arrival rates, requests per second")
-    ap.add_argument("--requests", type=int, default=32, help="requests per rate and mode")
-    ap.add_argument("--slots", type=int, default=16, help="the batch's most sequences")
+    ap.add_argument("--requests", type=int, default=32,
+                    help=f"requests per rate and mode (at most {MAX_SEQUENCES})")
+    ap.add_argument("--slots", type=int, default=16,
+                    help=f"the batch's most sequences (at most {MAX_BATCH})")
     args = ap.parse_args(argv)
     args.gamma = parse_gamma(args.gamma, auto=False)
     rates = _ints(args.rates, "--rates", float)
+    _counts(args)
     need_matplotlib(args.plot)
     with blas_threads(args.threads):
         target, draft, prompts = _load(args)

@@ -54,6 +54,7 @@ from ..options import (
     add_gamma,
     add_threads,
     check_activations,
+    check_positive,
     parse_gamma,
 )
 from ..shipped import models_hint, path_arg
@@ -295,6 +296,7 @@ def run(args: argparse.Namespace) -> dict:
     from ..loader import load
 
     temps = parse_temperatures(args.temperatures)
+    check_positive(args, "repeats", "max_new_tokens")
     with blas_threads(args.threads):
         no_draft = args.draft.lower() == "none"
         rows, notes = select_rows(args.drafters, not no_draft)

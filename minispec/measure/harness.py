@@ -96,13 +96,18 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     """Prompt texts from a file: JSON {"prompts": [{"text": ...} | "text", ...]} (the format of
     weights/prompts.json) or a JSON list of the same; any other file is one prompt per line.
 
-    limit: keep the first `limit` prompts (None: all).
+    limit: keep the first `limit` prompts (None or 0: all).
     """
     path = Path(path)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got {limit!r}")
     try:
         raw = path.read_text(encoding="utf-8")
     except OSError as e:
         raise MinispecError(f"{path}: cannot read the prompt file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise MinispecError(f"{path}: not a text file (expected UTF-8; byte {e.start} is "
+                            f"0x{e.object[e.start]:02x})") from None
     if path.suffix == ".json":
         try:
             data = json.loads(raw)
@@ -389,6 +394,31 @@ def typical_context(prompts, max_new_tokens: int) -> int:
     2026-12-06: 1.21x at 50 positions, 1.29x at 100, 1.52x at 200)."""
     return int(np.mean([len(p) for p in prompts])) + max_new_tokens // 2
 
+
+def check_room(target, prompts, max_new_tokens: int, gammas=(), source: str = "the prompts",
+               flag: str = "--gamma") -> None:
+    """Before anything is timed: the context the costs are timed at (typical_context) has room
+    for a step and for a verify call of gamma + 1 tokens in the target's context length, else
+    MinispecError naming the flag. The timing helpers allocate caches of those lengths, so a
+    huge value would ask for gigabytes before any generation refused it (a generation itself
+    stops where the context ends)."""
+    limit = target.config.max_position_embeddings
+    longest = max(len(p) for p in prompts)
+    if longest >= limit:
+        raise MinispecError(f"{source}: a prompt of {longest} tokens leaves no room for new "
+                            f"tokens in the target's context length, {limit} "
+                            "(max_position_embeddings)")
+    context = typical_context(prompts, max_new_tokens)
+    if context + 1 > limit:
+        raise MinispecError(f"--max-new-tokens {max_new_tokens}: the costs are timed at the mean "
+                            f"prompt of {source} plus half the new tokens, {context} positions, "
+                            f"past the target's context length, {limit} "
+                            "(max_position_embeddings)")
+    for g in gammas:
+        if isinstance(g, int) and context + g + 1 > limit:
+            raise MinispecError(f"{flag} {g}: a verify call of {g + 1} tokens after the "
+                                f"{context} positions the costs are timed at passes the "
+                                f"target's context length, {limit}")
 
 def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, gamma: int,
                          context: int, between=None) -> tuple[dict, dict]:

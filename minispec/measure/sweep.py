@@ -39,7 +39,7 @@ from ..core.sampling import Sampling
 from ..core.speculative import Request, generate
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
-from ..options import add_device, add_threads
+from ..options import add_device, add_threads, check_positive
 from ..shipped import SHIPPED, display
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a chain drafter (trees: minispec drafters)")
     ap.add_argument("--exit-layer", type=int, default=None,
                     help="layers the early-exit drafter runs (default: a quarter)")
-    ap.add_argument("--gammas", default="1-8", help="gammas to try: 1-8 or a list 1,2,4")
+    ap.add_argument("--gammas", default="1-8", help="gammas to try: 1-8 or a list 1,2,4 (at most "
+                    f"{MAX_GAMMAS})")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per setting (median)")
@@ -249,16 +250,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+MAX_GAMMAS = 64  # values of one sweep: each is a full run over the prompts
+
+
 def parse_gammas(text: str) -> list[int]:
-    """'1-8' or '1,2,4' -> the list of gammas (each >= 1)."""
+    """'1-8' or '1,2,4' -> the list of gammas (each >= 1, at most MAX_GAMMAS of them)."""
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-"))
+            if hi - lo >= MAX_GAMMAS:
+                raise MinispecError(f"--gammas: at most {MAX_GAMMAS} values (each a run over "
+                                    f"the prompts), got {text!r}")
             gammas = list(range(lo, hi + 1))
         else:
             gammas = [int(x) for x in text.split(",")]
     except ValueError:
         gammas = []
+    if len(gammas) > MAX_GAMMAS:
+        raise MinispecError(f"--gammas: at most {MAX_GAMMAS} values (each a run over the "
+                            f"prompts), got {len(gammas)}")
     if not gammas or min(gammas) < 1:
         raise MinispecError(f"--gammas: expected a range like 1-8 or a list like 1,2,4 of "
                             f"integers >= 1, got {text!r}")
@@ -293,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..loader import load
 
     gammas = parse_gammas(args.gammas)
+    check_positive(args, "repeats", "max_new_tokens")
+    if args.num_prompts < 0:
+        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
+                            f"{args.num_prompts}")
     need_matplotlib(args.plot)  # before a long measurement, not after it
     target_dir, draft_dir, prompt_file = _paths(args)
     start = time.perf_counter()
@@ -301,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         draft = load(draft_dir, device=args.device) if draft_dir is not None else None
         texts = harness.load_prompts(prompt_file, args.num_prompts or None)
         prompts = harness.encode_prompts(texts, target.tokenizer)
+        harness.check_room(target, prompts, args.max_new_tokens, gammas, display(prompt_file),
+                           "--gammas")
         report = sweep(target, args.drafter, prompts, draft_model=draft,
                        exit_layer=args.exit_layer, gammas=gammas,
                        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
