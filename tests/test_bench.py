@@ -254,6 +254,8 @@ def test_loop_costs_are_the_decode_rounds_own_timers():
      "--max-new-tokens 1000000000000: the costs are timed at"),
     (["--draft", "none", "--drafters", "ngram", "--gamma", "100000", "--quick"],
      "--gamma 100000: a verify call of"),
+    (["--drafters", "ngram"], "--drafters: only with --draft none"),  # was ignored
+    (["--draft", "none", "--drafters", ","], "--drafters: expected some of ngram"),
 ])
 def test_bad_counts_are_refused_naming_the_flag_before_any_work(pair, capsys, extra, message):
     with pytest.raises(bench.MinispecError, match=message):

@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="draft directory, or 'none': the target alone, with the drafters of "
                     "--drafters and transformers' prompt lookup (a target with no draft model; "
                     "default: %(default)s)")
-    ap.add_argument("--drafters", default="ngram,early-exit", metavar="NAME,...",
-                    help="with --draft none: minispec's drafters to run, some of "
+    ap.add_argument("--drafters", default=None, metavar="NAME,...",
+                    help="with --draft none: minispec's drafters to run (default "
+                    f"{DEFAULT_SELF_DRAFTERS}), some of "
                     f"{', '.join(SELF_DRAFTERS)} (-tree: 2,2,1,1; eagle-2: dynamic tree "
                     "4,3,2,2, beam 3, 12 nodes; eagle-stop: a chain of dynamic length, --stop "
                     f"{EAGLE_STOP:g}; eagle-copy: eagle-stop that copies from the context "
@@ -391,6 +392,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 SELF_DRAFTERS = PRESETS  # drafters without a draft model (drafters.PRESETS)
+DEFAULT_SELF_DRAFTERS = "ngram,early-exit"  # --draft none's --drafters when none are named
 
 
 def run_without_draft(args: argparse.Namespace) -> dict:
@@ -411,7 +413,10 @@ def run_without_draft(args: argparse.Namespace) -> dict:
         raise MinispecError("--gamma auto: with --draft none give a number (transformers' prompt "
                             "lookup drafts a fixed count)")
     gamma = int(args.gamma)
-    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    names = [n.strip() for n in (args.drafters or DEFAULT_SELF_DRAFTERS).split(",") if n.strip()]
+    if not names:
+        raise MinispecError(f"--drafters: expected some of {', '.join(SELF_DRAFTERS)}, got "
+                            f"{args.drafters!r}")
     for n in names:
         if n not in SELF_DRAFTERS:
             raise MinispecError(f"--drafters: {n!r}: with --draft none expected some of "
@@ -1029,6 +1034,9 @@ def main(argv: list[str] | None = None) -> int:
         raise MinispecError(f"--plot {args.plot}: the folder "
                             f"{os.path.dirname(args.plot)} does not exist")
     alone = args.draft.lower() == "none"
+    if args.drafters is not None and not alone:
+        raise MinispecError("--drafters: only with --draft none (with a draft model the bench "
+                            "runs that model's chain)")
     if args.assistant is not None and not alone:
         raise MinispecError("--assistant: only with --draft none (with a draft, the draft is "
                             "transformers' assistant already)")
