@@ -183,3 +183,17 @@ def test_eagle_drafts_for_a_batch_with_a_state_per_sequence():
                                               max_new_tokens=15, temperature=0.0)
         assert r.tokens == alone.tokens
         assert [rd.drafted for rd in r.stats.rounds] == [rd.drafted for rd in alone.stats.rounds]
+
+
+@pytest.mark.parametrize("tree", [{"shape": (2, 2, 1)}, {"shape": (3, 2, 2), "dynamic": (2, 6)},
+                                  {"shape": (4, 3, 2, 2), "dynamic": (3, 12)}])
+def test_a_tree_near_the_end_of_the_context_drafts_what_fits(tree):
+    # a generation that runs to the context's last position (64 here): the head's tree is cut
+    # where its cache ends, then to the target's room (check_draft), never refused
+    drafter = random_eagle(TARGET, seed=1, **tree)
+    for prompt in ([3, 17, 5], [9] * 40):
+        base = minispec.autoregressive_generate(TARGET, prompt, max_new_tokens=100,
+                                                temperature=0.0)
+        out = minispec.speculative_generate(TARGET, drafter, prompt, gamma=4,
+                                            max_new_tokens=100, temperature=0.0)
+        assert len(prompt) + len(out.tokens) == 64 and out.tokens == base.tokens

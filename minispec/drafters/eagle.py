@@ -344,8 +344,10 @@ class EagleDrafter(TreeDrafter):
             new = list(range(first, len(tokens)))
             if self.dynamic is not None:  # expand only the `beam` most probable of this depth
                 new = sorted(sorted(new, key=lambda i: -score[i])[: self.dynamic[0]])
-            if d + 1 == len(levels) or len(tokens) > 63:
-                break
+            if (d + 1 == len(levels) or len(tokens) > 63
+                    or self.cache.length + len(tokens) > self.cache.max_len):
+                break  # the last depth, the most nodes, or the end of the cache: the nodes so
+                # far are the tree (near the end the round prunes it to the target's room)
             x = self.fuse(self.parent_feats(g, feats, frontier, parents, first), tokens[first:])
             out = tree_layers(self.layer, x, parents, self.cache, 0, first)  # [new nodes, D]
             self.calls += 1
