@@ -263,3 +263,20 @@ def test_bad_counts_are_refused_naming_the_flag_before_any_work(pair, capsys, ex
                     "--hf", "off", *extra] if "none" not in extra else
                    ["--target", str(pair / "target"), "--hf", "off", *extra])
     assert capsys.readouterr().out == ""
+
+
+def test_a_run_with_no_decode_phase_reports_it_or_says_why(pair, capsys):
+    # one new token: every generation ends in its first round, so no decode rate to compare
+    # (a real prompt whose answer is one token did the same: a ZeroDivisionError before)
+    argv = ["--target", str(pair / "target"), "--draft", "none", "--drafters", "ngram",
+            "--max-new-tokens", "1", "--num-prompts", "2", "--repeats", "1", "--hf", "off"]
+    assert bench.main([*argv, "--json"]) == 0
+    gen = json.loads(capsys.readouterr().out)["generation"]
+    assert all(row["decode_speedup"] is None for row in gen.values())
+    assert bench.main(argv) == 0
+    assert "minispec ngram" in capsys.readouterr().out
+    with pytest.raises(bench.MinispecError, match="no decode phase to time against the theory"):
+        bench.main(["--target", str(pair / "target"), "--draft", str(pair / "draft"),
+                    "--max-new-tokens", "1", "--num-prompts", "2", "--repeats", "1", "--hf",
+                    "off"])
+

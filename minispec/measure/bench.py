@@ -307,10 +307,21 @@ def _agreement(a: list, b: list) -> dict:
     return {"identical": len(a) - len(diffs), "total": len(a), "differences": diffs}
 
 
+def _check_counts(args: argparse.Namespace) -> None:
+    """--repeats and --max-new-tokens positive, --num-prompts >= 0 (0: all): MinispecError
+    naming the flag before anything is loaded (`minispec real bench` calls run_without_draft
+    with its own options, so both runs check too)."""
+    check_positive(args, "repeats", "max_new_tokens")
+    if args.num_prompts < 0:
+        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
+                            f"{args.num_prompts}")
+
+
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark described by parsed `args`; the report as a JSON-ready dict."""
     from ..loader import load
 
+    _check_counts(args)
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 2, 8, 1
     step_repeats, copy_big = (3, 16 * 2**20) if args.quick else (30, 1024 * 2**20)
@@ -407,6 +418,7 @@ def run_without_draft(args: argparse.Namespace) -> dict:
     from ..drafters import NoDrafter, TunedModelDrafter, make_drafter
     from ..loader import load
 
+    _check_counts(args)
     if args.quick:
         args.num_prompts, args.max_new_tokens, args.repeats = 1, 8, 1
     if args.gamma == "auto":
@@ -518,9 +530,12 @@ def run_without_draft(args: argparse.Namespace) -> dict:
                "alpha": m["stats"]["alpha"] if "stats" in m else None,
                # after each prompt's first round (its prefill): None for transformers' methods
                "decode_tokens_per_second": m.get("decode_tokens_per_second"),
+               # None where there was no decode phase to compare (every answer ended in its
+               # first round: a one-token answer, an EOS at once)
                "decode_speedup": (m["decode_tokens_per_second"]
                                   / base["decode_tokens_per_second"]
-                                  if "decode_tokens_per_second" in m else None)}
+                                  if "decode_tokens_per_second" in m
+                                  and base["decode_tokens_per_second"] > 0 else None)}
         for name, m in timed.items()}
     floor = decode_weight_bytes(target) / costs["read_bandwidth"]
     report["floor"] = {"weight_bytes": decode_weight_bytes(target),
@@ -591,7 +606,9 @@ def format_without_draft(report: dict) -> str:
               f"{'decode':>8} {'speedup':>8}"]
     for name, row in report["generation"].items():
         per_call, rate = row["tokens_per_target_call"], row.get("decode_tokens_per_second")
-        decode = ("-", "-") if rate is None else (f"{rate:.1f}", f"{row['decode_speedup']:.2f}x")
+        ratio = row.get("decode_speedup")
+        decode = ("-" if rate is None else f"{rate:.1f}",
+                  "-" if ratio is None else f"{ratio:.2f}x")
         lines.append(f"  {name:<26} {row['tokens_per_second']:8.1f} {row['new_tokens']:7d} "
                      f"{'-' if per_call is None else f'{per_call:.2f}':>8} "
                      f"{row['speedup']:7.2f}x {decode[0]:>8} {decode[1]:>8}")
@@ -732,6 +749,11 @@ def _derive(report: dict, gamma) -> None:
     """Add the theory, the comparisons, the agreement checks and the aims to `report`."""
     gen, costs = report["generation"], report["costs"]
     ar, sp = gen["minispec autoregressive"], gen["minispec speculative"]
+    if not (ar["decode_tokens_per_second"] > 0 and sp["decode_tokens_per_second"] > 0):
+        raise MinispecError("--max-new-tokens, --prompts: every generation ended in its first "
+                            "round (one new token, or an EOS at once), so there is no decode "
+                            "phase to time against the theory; give 2 or more new tokens and "
+                            "prompts whose answers go on")
     st = sp["stats"]
     alpha = st["alpha"]
     g = gamma if gamma != "auto" else st["drafted"] / max(st["rounds_with_drafts"], 1)
@@ -1026,10 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
     args.gamma = parse_gamma(args.gamma)
-    check_positive(args, "repeats", "max_new_tokens")
-    if args.num_prompts < 0:
-        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
-                            f"{args.num_prompts}")
+    _check_counts(args)
     if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):
         raise MinispecError(f"--plot {args.plot}: the folder "
                             f"{os.path.dirname(args.plot)} does not exist")
