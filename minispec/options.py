@@ -82,14 +82,19 @@ def add_threads(ap: argparse.ArgumentParser) -> None:
                     "are fastest on one thread on small or busy machines)")
 
 
+MAX_REPEATS = 1000  # --repeats: timed passes or calls; more would run for days, not measure
+
+
 def check_positive(args: argparse.Namespace, *names: str) -> None:
     """Each named option (attribute names: "repeats", "max_new_tokens") a positive integer where
     given, or MinispecError naming its flag: a count of 0 or less would run nothing and fail later
-    with another error (a table of no timings)."""
+    with another error (a table of no timings); --repeats at most MAX_REPEATS."""
     for name in names:
         value = getattr(args, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise MinispecError(f"--{name.replace('_', '-')}: expected a positive integer, got "
                                 f"{value!r}")
+        if name == "repeats" and value is not None and value > MAX_REPEATS:
+            raise MinispecError(f"--repeats: at most {MAX_REPEATS}, got {value}")
 

@@ -61,3 +61,17 @@ def test_random_llama_writer_makes_a_loadable_checkpoint(tmp_path, monkeypatch):
     c = m.config
     assert (c.hidden_size, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size) == (64, 2, 4, 2, 300)
     assert c.rope_theta == 500000.0 and c.tie_word_embeddings
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--repeats", "0"], "--repeats: expected a positive integer, got 0"),  # a report of nan
+    (["--repeats", "1000000000000"], "--repeats: at most 1000"),  # a run of years
+    (["--new-tokens", "0"], "--new-tokens: expected a positive integer"),
+    # past the context: the throughput was divided by tokens never made
+    (["--new-tokens", "100000"], "--new-tokens 100000: after the 8-token prompt it passes"),
+])
+def test_bad_counts_are_one_line_naming_the_flag(capsys, argv, message):
+    assert roofline.main(["--hf", "off", "--device", "cpu", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and message in err and "Traceback" not in err, err
+

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MinispecError
-from ..options import add_device, add_dtype
+from ..options import add_device, add_dtype, check_positive
 from ..shipped import display, path_arg
 from . import harness
 
@@ -41,6 +42,9 @@ LLAMA_1B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers":
 KS = (1, 2, 3, 5, 9, 16)
 
 
+PROMPT_TOKENS = 8  # the prompt of the timed generations
+
+
 def write_random_llama(out: Path, seed: int = 0) -> Path:
     """A Llama-shaped checkpoint of ~1.2B parameters with transformers' random initialisation,
     saved in float16 (on the GPU when torch sees one: initialising on the CPU takes a minute)."""
@@ -49,11 +53,18 @@ def write_random_llama(out: Path, seed: int = 0) -> Path:
 
     if (out / "config.json").is_file():
         return out
+    where = next(p for p in (out, *out.parents) if p.exists())  # the folder it will be made in
+    if not where.is_dir() or not os.access(where, os.W_OK):
+        raise MinispecError(f"--random-llama-1b {out}: cannot write a checkpoint there "
+                            f"({where} is {'not a folder' if not where.is_dir() else 'read-only'})")
     torch.manual_seed(seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(dev):
         model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B)).to(torch.float16)
-    model.save_pretrained(out, safe_serialization=True)
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    except OSError as e:
+        raise MinispecError(f"--random-llama-1b {out}: cannot write the checkpoint ({e})") from None
     return out
 
 
@@ -69,7 +80,7 @@ def generate_seconds(model, n: int, repeats: int = 3) -> tuple[float, list[int]]
     """Best seconds of greedy generation of n tokens after an 8-token prompt, and the tokens."""
     from ..core.speculative import autoregressive_generate
 
-    prompt = (np.arange(8) % min(model.vocab_size, 256) + 3).tolist()
+    prompt = (np.arange(PROMPT_TOKENS) % min(model.vocab_size, 256) + 3).tolist()
     best, tokens = float("inf"), []
     for _ in range(repeats + 1):  # the first call warms up (and captures graphs)
         t0 = time.perf_counter()
@@ -89,7 +100,7 @@ def hf_generate_seconds(path, device: str, dtype: str, n: int, attn: str,
     m = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype),
                                              attn_implementation=attn)
     m = m.to("cuda" if device == "gpu" else "cpu").eval()
-    prompt = (torch.arange(8) % min(m.config.vocab_size, 256) + 3)[None].to(m.device)
+    prompt = (torch.arange(PROMPT_TOKENS) % min(m.config.vocab_size, 256) + 3)[None].to(m.device)
     best, tokens = float("inf"), []
     with torch.inference_mode():
         for _ in range(repeats + 1):
@@ -120,6 +131,10 @@ def measure(path, *, device: str, dtype: str, ks=KS, context: int = 64, repeats:
     from ..loader import load
 
     model = load(path, device=device, dtype=dtype)
+    if PROMPT_TOKENS + new_tokens > model.config.max_position_embeddings:
+        raise MinispecError(f"--new-tokens {new_tokens}: after the {PROMPT_TOKENS}-token prompt "
+                            f"it passes the model's context length, "
+                            f"{model.config.max_position_embeddings}")
     xp = model.xp
     nbytes = 2 * 2**30 if device == "gpu" else 256 * 2**20
     bw = harness.read_bandwidth(nbytes, 10, xp)
@@ -220,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     args = ap.parse_args(argv)
     try:
+        check_positive(args, "repeats", "new_tokens")
         path = args.target
         if args.random_llama_1b is not None:
             path = write_random_llama(args.random_llama_1b)
