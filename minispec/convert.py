@@ -417,7 +417,11 @@ def convert_gguf(path: str | Path, out_dir: str | Path, *, bf16: bool = False) -
     config = hf_config(meta, tensors, str(path))
     weights = hf_tensors(config, tensors, str(path))
     tok = hf_tokenizer(meta, str(path)) if "tokenizer.ggml.tokens" in meta else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinispecError(f"{out_dir}: cannot make the folder (OUT_DIR; {e.strerror}: "
+                            f"{e.filename})") from None
     if bf16:
         config["torch_dtype"] = "bfloat16"
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")

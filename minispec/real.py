@@ -116,8 +116,12 @@ def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = Fa
                             f"{SOURCE_FILE}); remove it or give another --cache")
     if convert is None:
         from .convert import convert_gguf as convert
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+    except OSError as e:
+        raise MinispecError(f"--cache {cache}: cannot make a folder there ({e.strerror}: "
+                            f"{e.filename})") from None
     try:
         print(f"converting {gguf.name} into {cache} (once; later runs reuse it)",
               file=sys.stderr, flush=True)

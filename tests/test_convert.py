@@ -175,6 +175,11 @@ def test_bad_inputs_are_refused_clearly(tmp_path, capsys):
     # the command line: exit status 2 and the message, no traceback
     assert main(["gguf", str(tmp_path / "gpt2.gguf"), str(tmp_path / "out")]) == 2
     assert "general.architecture is 'gpt2'" in capsys.readouterr().err
+    # an OUT_DIR that cannot be made (under a file): named, not a NotADirectoryError
+    _, ok = _tiny(tmp_path, tied=True)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(MinispecError, match=r"a_file/out: cannot make the folder \(OUT_DIR"):
+        convert_gguf(ok, tmp_path / "a_file" / "out")
 
 
 # ---- qwen2 / qwen3 GGUFs, and llama GGUFs with a SentencePiece vocabulary (issue 50) ----------

@@ -60,6 +60,14 @@ def test_the_cache_is_made_once_then_reused(tmp_path):
         converted(gguf, cache, convert=_fake_convert(calls))
 
 
+def test_a_cache_that_cannot_be_made_is_named(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    (tmp_path / "a_file").write_text("")  # a cache under a file: not a FileExistsError
+    with pytest.raises(MinispecError, match=r"--cache .*a_file/c/m: cannot make a folder there"):
+        converted(gguf, tmp_path / "a_file" / "c" / "m", convert=_fake_convert([]))
+
+
 def test_a_bf16_conversion_has_a_cache_of_its_own(tmp_path, monkeypatch):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF fake")
