@@ -26,13 +26,19 @@ TARGET = random_model(tiny_config(), seed=0, scale=0.5)
 def test_greedy_eagle_is_autoregressive_decoding(family, tree):
     target = random_model(tiny_config(family), seed=0, scale=0.5)
     drafter = random_eagle(target, seed=1, **tree)
-    for prompt in ([3, 17, 5], [9] * 11):
-        base = minispec.autoregressive_generate(target, prompt, max_new_tokens=30,
-                                                temperature=0.0)
-        out = minispec.speculative_generate(target, drafter, prompt, gamma=4,
-                                            max_new_tokens=30, temperature=0.0)
+    for prompt, out, base in _greedy_both_ways(target, drafter, ([3, 17, 5], [9] * 11), 30):
         assert out.tokens == base.tokens
         assert out.stats.rounds[0].drafted == []  # no features before the first target call
+
+
+def _greedy_both_ways(target, drafter, prompts, max_new_tokens):
+    """(prompt, speculative result, autoregressive result) for each prompt, greedy, gamma 4."""
+    for prompt in prompts:
+        base = minispec.autoregressive_generate(target, prompt, max_new_tokens=max_new_tokens,
+                                                temperature=0.0)
+        out = minispec.speculative_generate(target, drafter, prompt, gamma=4,
+                                            max_new_tokens=max_new_tokens, temperature=0.0)
+        yield prompt, out, base
 
 
 def _reference_drafts(target, drafter, context, gamma):
@@ -191,9 +197,5 @@ def test_a_tree_near_the_end_of_the_context_drafts_what_fits(tree):
     # a generation that runs to the context's last position (64 here): the head's tree is cut
     # where its cache ends, then to the target's room (check_draft), never refused
     drafter = random_eagle(TARGET, seed=1, **tree)
-    for prompt in ([3, 17, 5], [9] * 40):
-        base = minispec.autoregressive_generate(TARGET, prompt, max_new_tokens=100,
-                                                temperature=0.0)
-        out = minispec.speculative_generate(TARGET, drafter, prompt, gamma=4,
-                                            max_new_tokens=100, temperature=0.0)
+    for prompt, out, base in _greedy_both_ways(TARGET, drafter, ([3, 17, 5], [9] * 40), 100):
         assert len(prompt) + len(out.tokens) == 64 and out.tokens == base.tokens
