@@ -91,6 +91,13 @@ def converted(gguf: str | Path, cache: str | Path, convert=None, bf16: bool = Fa
     gguf, cache = Path(gguf), Path(cache).expanduser()
     if not gguf.is_file():
         raise MinispecError(f"--gguf {gguf}: no such file (expected a .gguf file)")
+    try:
+        with open(gguf, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise MinispecError(f"--gguf {gguf}: cannot read it ({e.strerror})") from None
+    if magic != b"GGUF":  # before the cache: a wrong file is the news, not a cache of another
+        raise MinispecError(f"--gguf {gguf}: not a GGUF file (it does not start with 'GGUF')")
     mark = cache / SOURCE_FILE
     if mark.is_file():
         try:

@@ -60,6 +60,16 @@ def test_the_cache_is_made_once_then_reused(tmp_path):
         converted(gguf, cache, convert=_fake_convert(calls))
 
 
+def test_a_file_that_is_no_gguf_is_named_before_any_cache_is_read(tmp_path):
+    cache = tmp_path / "cache"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    converted(gguf, cache, convert=_fake_convert([]))  # a cache of m.gguf's conversion
+    (tmp_path / "notes.gguf").write_bytes(b"PK\x03\x04 a zip")
+    with pytest.raises(MinispecError, match=r"notes\.gguf: not a GGUF file"):
+        converted(tmp_path / "notes.gguf", cache, convert=_fake_convert([]))
+
+
 def test_a_cache_that_cannot_be_made_is_named(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF fake")
