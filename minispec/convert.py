@@ -93,8 +93,13 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError, OSError, UnicodeDecodeError) as e:
-        raise MinispecError(f"{path}: not a readable GGUF file ({type(e).__name__}: "
-                            f"{str(e)[:200]})") from None
+        # the reader maps the tensors' bytes as arrays: a file cut short fails to fit them
+        short = isinstance(e, ValueError) and any(
+            w in str(e) for w in ("reshape", "larger dtype", "buffer is smaller"))
+        raise MinispecError(f"{path}: not a readable GGUF file"
+                            + (" (its data end early: a truncated or damaged copy?)" if short
+                               else "")
+                            + f" ({type(e).__name__}: {str(e)[:200]})") from None
     try:
         meta = {name: _value(f) for name, f in reader.fields.items()}
     except (UnicodeDecodeError, IndexError) as e:

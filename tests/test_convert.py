@@ -177,6 +177,12 @@ def test_bad_inputs_are_refused_clearly(tmp_path, capsys):
     assert "general.architecture is 'gpt2'" in capsys.readouterr().err
     # an OUT_DIR that cannot be made (under a file): named, not a NotADirectoryError
     _, ok = _tiny(tmp_path, tied=True)
+    whole = ok.read_bytes()  # a copy cut short, at two places: said so, beside the reader's why
+    for cut in (len(whole) // 2, len(whole) - 100):
+        (tmp_path / "cut.gguf").write_bytes(whole[:cut])
+        with pytest.raises(MinispecError, match=r"cut\.gguf: not a readable GGUF file \(its "
+                                                r"data end early: a truncated or damaged copy"):
+            convert_gguf(tmp_path / "cut.gguf", tmp_path / "out")
     (tmp_path / "a_file").write_text("")
     with pytest.raises(MinispecError, match=r"a_file/out: cannot make the folder \(OUT_DIR"):
         convert_gguf(ok, tmp_path / "a_file" / "out")
