@@ -144,13 +144,12 @@ class NumbaKernels(PlainKernels):
         layer; a weight read as GGUF blocks as its blocks' tiles), or None for any other layer."""
         seen = self._weights.get(id(p))
         if seen is None or seen[0] is not p:
-            names = PRODUCTS
             plain = (all(p.get(b) is None for b in ("attn_norm_b", "bqkv", "bo", "mlp_norm_b",
                                                      "b_gate", "b_up", "b_down"))
-                     and all(p[n] is not None and p[n].T.flags.c_contiguous for n in names))
+                     and all(p[n] is not None and p[n].T.flags.c_contiguous for n in PRODUCTS))
             w = None
             if plain:
-                wqkv, wo, gate, up = (kernel_weight(p[n]) for n in names[:4])
+                wqkv, wo, gate, up = (kernel_weight(p[n]) for n in PRODUCTS[:4])
                 w = (p["attn_norm_w"], wqkv, wo, p["mlp_norm_w"], gate, up, p["w_up"].shape[1])
             seen = self._weights[id(p)] = (p, w)
         return seen[1] if tables is not None else None

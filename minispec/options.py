@@ -98,3 +98,9 @@ def check_positive(args: argparse.Namespace, *names: str) -> None:
         if name == "repeats" and value is not None and value > MAX_REPEATS:
             raise MinispecError(f"--repeats: at most {MAX_REPEATS}, got {value}")
 
+
+def check_num_prompts(args: argparse.Namespace) -> None:
+    """--num-prompts an integer >= 0 (0: all), or MinispecError naming it."""
+    if args.num_prompts < 0:
+        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
+                            f"{args.num_prompts}")

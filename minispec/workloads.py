@@ -336,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cpu_steps import enable_where_supported
     from .loader import load
     from .measure.harness import check_room
+    from .options import check_positive
 
     ap = argparse.ArgumentParser(prog="python -m minispec.workloads", description="Tune the "
                                  "drafters on the workloads' held-out prompts: tokens per target "
@@ -358,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_where_supported(target)  # the path the benchmarks time: its costs, its calls
         gammas = [make_candidate(spec, target)[1]  # every candidate checked before any run
                   for spec in args.candidates.split(";")]
-        if args.max_new_tokens < 1:
-            raise MinispecError(f"--max-new-tokens: expected a positive integer, got "
-                                f"{args.max_new_tokens}")
+        check_positive(args, "max_new_tokens")
         prompts = [target.tokenizer.encode(t) for w in names for t in load_workload(w, args.split)]
         check_room(target, prompts, args.max_new_tokens, gammas, f"--workloads {args.workloads}")
         with blas_threads(args.threads):

@@ -72,6 +72,7 @@ from ..options import (
     add_gamma,
     add_threads,
     check_activations,
+    check_num_prompts,
     check_positive,
     parse_gamma,
 )
@@ -309,12 +310,10 @@ def _agreement(a: list, b: list) -> dict:
 
 def _check_counts(args: argparse.Namespace) -> None:
     """--repeats and --max-new-tokens positive, --num-prompts >= 0 (0: all): MinispecError
-    naming the flag before anything is loaded (`minispec real bench` calls run_without_draft
-    with its own options, so both runs check too)."""
+    naming the flag before anything is loaded; run and run_without_draft check first thing
+    (`minispec real bench` calls run_without_draft with its own options, not main)."""
     check_positive(args, "repeats", "max_new_tokens")
-    if args.num_prompts < 0:
-        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
-                            f"{args.num_prompts}")
+    check_num_prompts(args)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -1048,7 +1047,6 @@ def main(argv: list[str] | None = None) -> int:
     """`minispec bench [options]`: run the benchmark, print a table (or JSON with --json)."""
     args = build_parser().parse_args(argv)
     args.gamma = parse_gamma(args.gamma)
-    _check_counts(args)
     if args.plot and not os.path.isdir(os.path.dirname(args.plot) or "."):
         raise MinispecError(f"--plot {args.plot}: the folder "
                             f"{os.path.dirname(args.plot)} does not exist")

@@ -228,8 +228,6 @@ def steps_by_threads(model, counts: Sequence[int], context: int = 64, repeats: i
     return {n: median(t) for n, t in times.items()}
 
 
-
-
 def time_matmuls(model, k: int = 1, repeats: int = 20, warmup: int = 3) -> float:
     """Median seconds of only the weight matmuls of a k-token forward: every layer's projections
     and the LM head, through model.py's `linear`. The rest of a decode step (norms, RoPE,
@@ -419,6 +417,7 @@ def check_room(target, prompts, max_new_tokens: int, gammas=(), source: str = "t
             raise MinispecError(f"{flag} {g}: a verify call of {g + 1} tokens after the "
                                 f"{context} positions the costs are timed at passes the "
                                 f"target's context length, {limit}")
+
 
 def time_speed_and_costs(methods: dict, prompts, repeats: int, target, draft, gamma: int,
                          context: int, between=None) -> tuple[dict, dict]:

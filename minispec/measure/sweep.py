@@ -39,7 +39,7 @@ from ..core.sampling import Sampling
 from ..core.speculative import Request, generate
 from ..drafters import NoDrafter, default_exit_layer, make_drafter
 from ..errors import MinispecError
-from ..options import add_device, add_threads, check_positive
+from ..options import add_device, add_threads, check_num_prompts, check_positive
 from ..shipped import SHIPPED, display
 from . import harness
 from .harness import per_token_alpha  # noqa: F401 - part of the sweep's public vocabulary
@@ -304,9 +304,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gammas = parse_gammas(args.gammas)
     check_positive(args, "repeats", "max_new_tokens")
-    if args.num_prompts < 0:
-        raise MinispecError(f"--num-prompts: expected an integer >= 0 (0: all), got "
-                            f"{args.num_prompts}")
+    check_num_prompts(args)
     need_matplotlib(args.plot)  # before a long measurement, not after it
     target_dir, draft_dir, prompt_file = _paths(args)
     start = time.perf_counter()
